@@ -1,0 +1,37 @@
+# novaque's developer commands. `make` alone lists them.
+# Every target bootstraps its own virtualenv (.venv) on first use.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help test lint demo bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP) ## run the suite (PostgreSQL/MySQL too when NOVAQUE_TEST_*_URL are set)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: $(STAMP) ## ruff and mypy --strict
+	$(BIN)/ruff check novaque tests migrations benchmarks
+	$(BIN)/ruff format --check novaque tests migrations benchmarks
+	$(BIN)/mypy
+
+demo: $(STAMP) ## publish and consume on the embedded SQLite default (./novaque.db)
+	$(BIN)/python -m novaque.demo
+
+bench: $(STAMP) ## run the benchmarks against the raw-SQL floor
+	$(BIN)/python -m novaque.cli bench
+
+clean: ## remove the virtualenv and local databases
+	rm -rf $(VENV) novaque.db novaque.db-wal novaque.db-shm .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,53 @@
+"""Alembic environment for novaque's own schema history.
+
+Run from code (``client.migrate()``, ``novaque migrate``): the caller passes an
+open connection in ``config.attributes["connection"]``. Run from the command
+line with the root ``alembic.ini``: the URL comes from ``NOVAQUE_DATABASE_URL``
+or the ini file. Either way the history lives in ``novaque_alembic_version``
+and only ``novaque_`` tables are looked at, so an application's own tables and
+Alembic history in the same database are never touched.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import context
+
+from novaque.schema import VERSION_TABLE, metadata
+
+config = context.config
+
+
+def include_object(
+    obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
+) -> bool:
+    if type_ == "table":
+        return (name or "").startswith("novaque_") and name != VERSION_TABLE
+    return True
+
+
+def run(connection: sa.Connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=metadata,
+        version_table=VERSION_TABLE,
+        include_object=include_object,
+        render_as_batch=connection.dialect.name == "sqlite",
+        compare_type=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+connection = config.attributes.get("connection")
+if connection is not None:
+    run(connection)
+else:
+    url = os.environ.get("NOVAQUE_DATABASE_URL") or config.get_main_option("sqlalchemy.url")
+    engine = sa.create_engine(url or "sqlite:///novaque.db")
+    with engine.connect() as conn:
+        run(conn)
+    engine.dispose()

@@ -1,0 +1,952 @@
+"""The core of the synchronous client: publishing, topology, low-level consuming,
+maintenance. :class:`novaque.Client` adds the consumer runtime and the
+operator's calls on top of :class:`CoreClient`."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+import weakref
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from novaque import _dialect, _migrate, _validate
+from novaque._stats import StatsBuffer
+from novaque._time import US, Clock, day_of, from_us
+from novaque.errors import (
+    ChannelNotFound,
+    InvalidOption,
+    LeaseLost,
+    TopicNotFound,
+)
+from novaque.models import Message
+from novaque.options import Duration, Options, check_int, seconds
+from novaque.schema import (
+    COUNTER_COLUMNS,
+    DEAD_VISIBLE_AT,
+    STATE_DEAD,
+    STATE_LEASED,
+    STATE_READY,
+    channels,
+    deliveries,
+    messages,
+    stats,
+    topics,
+)
+
+__all__ = ["CoreClient"]
+
+T = TypeVar("T")
+
+d = deliveries
+MAX_CLAIM = 1000
+#: How long a cached channel id is trusted when claims come back empty.
+CHANNEL_CACHE_S = 5.0
+#: How often the server clock is sampled again (at most once per maintenance pass).
+CLOCK_SAMPLE_S = 60.0
+
+_channel_ids = (
+    sa.select(channels.c.id)
+    .join_from(channels, topics, channels.c.topic_id == topics.c.id)
+    .where(topics.c.name == sa.bindparam("p_topic"), channels.c.name == sa.bindparam("p_channel"))
+)
+_topic_id = sa.select(topics.c.id).where(topics.c.name == sa.bindparam("p_topic"))
+_channels_of_topic = (
+    sa.select(channels.c.id)
+    .where(channels.c.topic_id == sa.bindparam("p_topic_id"))
+    .order_by(channels.c.id)
+)
+_requeue = (
+    sa.update(d)
+    .where(d.c.id == sa.bindparam("p_id"), d.c.lease_token == sa.bindparam("p_token"))
+    .values(
+        state=STATE_READY,
+        visible_at=sa.bindparam("p_visible"),
+        lease_token=None,
+        last_error=sa.bindparam("p_error"),
+    )
+)
+_kill = (
+    sa.update(d)
+    .where(d.c.id == sa.bindparam("p_id"), d.c.lease_token == sa.bindparam("p_token"))
+    .values(
+        state=STATE_DEAD,
+        visible_at=DEAD_VISIBLE_AT,
+        lease_token=None,
+        last_error=sa.func.coalesce(sa.bindparam("p_error", type_=sa.Text), d.c.last_error),
+        dead_reason=sa.bindparam("p_reason"),
+        died_at=sa.bindparam("p_now"),
+    )
+)
+_renew = (
+    sa.update(d)
+    .where(
+        d.c.id == sa.bindparam("p_id"),
+        d.c.lease_token == sa.bindparam("p_token"),
+        d.c.state == STATE_LEASED,
+    )
+    .values(visible_at=sa.bindparam("p_until"))
+)
+
+
+class CoreClient:
+    """A handle on novaque's tables in the database behind ``engine``.
+
+    Creating a client touches no database. The first call that does checks once
+    that the migrations were applied (:class:`~novaque.SchemaOutOfDate`
+    otherwise). A client is safe to share between threads.
+
+    On SQLite novaque runs its own transactions on a second engine opened on
+    the same file, so that it can take the write lock up front (``BEGIN
+    IMMEDIATE``) without changing how the application's own engine behaves.
+    """
+
+    def __init__(self, engine: sa.Engine, options: Options | None = None) -> None:
+        if not isinstance(engine, sa.Engine):
+            raise TypeError(f"Client needs a SQLAlchemy Engine, got {type(engine).__name__}")
+        self.options = options if options is not None else Options()
+        if not isinstance(self.options, Options):
+            raise TypeError(f"options must be novaque.Options, got {type(options).__name__}")
+        self.engine = engine
+        self.log = self.options.logger
+        self._dialect = _dialect.for_engine(engine)
+        self._clock = Clock(self.options.clock)
+        self._stats = StatsBuffer()
+        self._schema_lock = threading.Lock()
+        self._schema_ok = threading.Event()
+        self._clock_sampled_at = 0.0
+        self._topic_ids: dict[str, int] = {}
+        self._channel_cache: dict[tuple[str, str], tuple[int, float]] = {}
+        self._wake_lock = threading.Lock()
+        self._wakers: dict[str, list[Callable[[], None]]] = {}
+        self._default_ttl = seconds(self.options.default_ttl, "Options.default_ttl")
+        self._default_lease = seconds(self.options.default_lease, "Options.default_lease")
+
+    def __repr__(self) -> str:
+        return f"<novaque.Client {self._dialect.name} {self.engine.url.render_as_string()}>"
+
+    # -- schema ---------------------------------------------------------------------
+
+    def migrate(self, to: str = "head") -> None:
+        """Apply novaque's migrations up to ``to`` (Alembic ``upgrade``).
+
+        Checks the database version floor first (:class:`UnsupportedDatabase`).
+        Running it again is a no-op.
+        """
+        with self._dialect.engine.begin() as conn:
+            self._dialect.check_floor(conn)
+            _migrate.upgrade(conn, to)
+        self._schema_ok.clear()
+        self.log.info("novaque schema migrated to %s", to)
+
+    def downgrade(self, to: str = "base") -> None:
+        """Revert novaque's migrations down to ``to``; ``base`` drops every table."""
+        with self._dialect.engine.begin() as conn:
+            _migrate.downgrade(conn, to)
+        self._schema_ok.clear()
+        self._topic_ids.clear()
+        self._channel_cache.clear()
+        self.log.info("novaque schema downgraded to %s", to)
+
+    def _ready(self) -> None:
+        """Check the schema once (again after a failure) and sample the server clock."""
+        if self._schema_ok.is_set():
+            return
+        with self._schema_lock:
+            if self._schema_ok.is_set():
+                return
+            with self._dialect.engine.connect() as conn:
+                _migrate.require_current(conn)
+                self._clock.sample(lambda: self._dialect.db_now_us(conn))
+            self._clock_sampled_at = time.monotonic()
+            self._schema_ok.set()
+
+    def _now(self) -> int:
+        return self._clock.now_us()
+
+    def _run(self, fn: Callable[[sa.Connection], T]) -> T:
+        self._ready()
+        return self._dialect.run(fn)
+
+    # -- publishing -----------------------------------------------------------------
+
+    def publish(
+        self,
+        topic: str,
+        body: bytes | str,
+        *,
+        delay: Duration | None = None,
+        ttl: Duration | None = None,
+        max_attempts: int | None = None,
+        headers: dict[str, str] | None = None,
+        dedup_key: str | None = None,
+        connection: sa.Connection | None = None,
+        session: Session | None = None,
+    ) -> int:
+        """Publish one message to ``topic``; return its id.
+
+        One delivery is written for each channel the topic has, in the same
+        transaction as the message. With ``connection`` or ``session`` the
+        message joins that transaction (and commits or rolls back with it);
+        otherwise novaque commits it before returning. A topic that does not
+        exist is created. With ``dedup_key``, publishing again with the same
+        key while the first message lives returns the first id and writes
+        nothing.
+        """
+        return self._publish(
+            topic,
+            [body],
+            delay=delay,
+            ttl=ttl,
+            max_attempts=max_attempts,
+            headers=headers,
+            dedup_keys=[_validate.dedup_key(dedup_key)],
+            connection=connection,
+            session=session,
+        )[0]
+
+    def publish_many(
+        self,
+        topic: str,
+        bodies: Iterable[bytes | str],
+        *,
+        delay: Duration | None = None,
+        ttl: Duration | None = None,
+        max_attempts: int | None = None,
+        headers: dict[str, str] | None = None,
+        dedup_keys: Sequence[str | None] | None = None,
+        connection: sa.Connection | None = None,
+        session: Session | None = None,
+    ) -> list[int]:
+        """Publish many messages to ``topic`` in one transaction with bulk inserts.
+
+        Returns their ids in order. ``delay``, ``ttl``, ``max_attempts`` and
+        ``headers`` apply to every message; ``dedup_keys``, if given, has one
+        key (or None) per body.
+        """
+        body_list = list(bodies)
+        if dedup_keys is None:
+            keys: list[str | None] = [None] * len(body_list)
+        else:
+            keys = [_validate.dedup_key(k) for k in dedup_keys]
+            if len(keys) != len(body_list):
+                raise InvalidOption(
+                    f"dedup_keys has {len(keys)} entries for {len(body_list)} bodies"
+                )
+        return self._publish(
+            topic,
+            body_list,
+            delay=delay,
+            ttl=ttl,
+            max_attempts=max_attempts,
+            headers=headers,
+            dedup_keys=keys,
+            connection=connection,
+            session=session,
+        )
+
+    def _publish(
+        self,
+        topic: str,
+        bodies: list[bytes | str],
+        *,
+        delay: Duration | None,
+        ttl: Duration | None,
+        max_attempts: int | None,
+        headers: dict[str, str] | None,
+        dedup_keys: list[str | None],
+        connection: sa.Connection | None,
+        session: Session | None,
+    ) -> list[int]:
+        _validate.name(topic, "topic")
+        data = [_validate.body(b, self.options.max_body_bytes) for b in bodies]
+        ttl_s = _validate.ttl(ttl, self._default_ttl)
+        delay_s = _validate.delay(delay, ttl_s)
+        attempts = _validate.max_attempts(max_attempts, self.options.default_max_attempts)
+        header_text = _validate.headers(headers)
+        if connection is not None and session is not None:
+            raise InvalidOption("pass either connection or session to publish, not both")
+        if not data:
+            return []
+
+        def write(conn: sa.Connection) -> tuple[list[int], Counter[int], int]:
+            now = self._now()
+            rows = [
+                {
+                    "body": body,
+                    "headers": header_text,
+                    "published_at": now,
+                    "expires_at": now + int(ttl_s * US),
+                    "max_attempts": attempts,
+                    "dedup_key": key,
+                }
+                for body, key in zip(data, dedup_keys, strict=True)
+            ]
+            visible = now + int(delay_s * US)
+            ids, fanout = self._write_messages(conn, topic, rows, visible)
+            return ids, fanout, now
+
+        if session is not None:
+            connection = session.connection()
+        if connection is not None:
+            self._ready()
+            ids, fanout, now = write(connection)
+            _after_commit(connection, lambda: self._published(topic, fanout, now))
+            return ids
+        ids, fanout, now = self._run_publish(write)
+        self._published(topic, fanout, now)
+        return ids
+
+    def _run_publish(
+        self, write: Callable[[sa.Connection], tuple[list[int], Counter[int], int]]
+    ) -> tuple[list[int], Counter[int], int]:
+        try:
+            result: tuple[list[int], Counter[int], int] = self._run(write)
+        except sa.exc.IntegrityError:
+            # A cached topic id may belong to a topic deleted elsewhere: look it up again.
+            self._topic_ids.clear()
+            result = self._run(write)
+        return result
+
+    def _write_messages(
+        self, conn: sa.Connection, topic: str, rows: list[dict[str, Any]], visible: int
+    ) -> tuple[list[int], Counter[int]]:
+        """Insert messages and their deliveries; ids in order, deliveries per channel."""
+        topic_id = self._topic_id(conn, topic, create=True)
+        assert topic_id is not None
+        for row in rows:
+            row["topic_id"] = topic_id
+        ids: list[int | None] = [None] * len(rows)
+        fresh: list[int] = []  # ids of the messages really inserted
+        plain = [i for i, row in enumerate(rows) if row["dedup_key"] is None]
+        if plain:
+            for i, message_id in zip(
+                plain,
+                self._dialect.insert_messages(conn, [rows[i] for i in plain]),
+                strict=True,
+            ):
+                ids[i] = message_id
+                fresh.append(message_id)
+        for i, row in enumerate(rows):
+            if row["dedup_key"] is not None:
+                ids[i], inserted = self._insert_deduplicated(conn, row)
+                if inserted:
+                    fresh.append(ids[i])  # type: ignore[arg-type]
+        fanout: Counter[int] = Counter()
+        if fresh:
+            channel_ids = [r[0] for r in conn.execute(_channels_of_topic, {"p_topic_id": topic_id})]
+            if channel_ids:
+                conn.execute(
+                    sa.insert(d),
+                    [
+                        {
+                            "message_id": mid,
+                            "channel_id": cid,
+                            "state": STATE_READY,
+                            "visible_at": visible,
+                            "attempts": 0,
+                            "max_attempts": rows[0]["max_attempts"],
+                        }
+                        for mid in fresh
+                        for cid in channel_ids
+                    ],
+                )
+                fanout.update({cid: len(fresh) for cid in channel_ids})
+                self._dialect.notify(conn, topic)
+        return [int(i) for i in ids if i is not None], fanout
+
+    def _insert_deduplicated(self, conn: sa.Connection, row: dict[str, Any]) -> tuple[int, bool]:
+        lookup = sa.select(messages.c.id).where(
+            messages.c.topic_id == row["topic_id"], messages.c.dedup_key == row["dedup_key"]
+        )
+        for _ in range(5):
+            inserted = self._dialect.insert_deduplicated(conn, row)
+            if inserted is not None:
+                return inserted, True
+            existing = conn.execute(lookup).scalar_one_or_none()
+            if existing is not None:
+                return int(existing), False
+            # The holder of the key was purged in between: try the insert again.
+        raise RuntimeError(f"could not settle dedup_key {row['dedup_key']!r}")  # pragma: no cover
+
+    def _published(self, topic: str, fanout: Counter[int], now: int) -> None:
+        """After a publish commits: count deliveries and wake local consumers."""
+        if fanout:
+            self._stats.add("published", day_of(now), fanout)
+            self._wake(topic)
+
+    # -- local wake-ups (used by consumers) -----------------------------------------------
+
+    def _add_waker(self, topic: str, waker: Callable[[], None]) -> None:
+        with self._wake_lock:
+            self._wakers.setdefault(topic, []).append(waker)
+
+    def _remove_waker(self, topic: str, waker: Callable[[], None]) -> None:
+        with self._wake_lock:
+            found = self._wakers.get(topic, [])
+            if waker in found:
+                found.remove(waker)
+
+    def _wake(self, topic: str) -> None:
+        with self._wake_lock:
+            wakers = list(self._wakers.get(topic, ()))
+        for waker in wakers:
+            waker()
+
+    # -- topology ---------------------------------------------------------------------
+
+    def _topic_id(self, conn: sa.Connection, topic: str, *, create: bool) -> int | None:
+        cached = self._topic_ids.get(topic)
+        if cached is not None:
+            return cached
+        found = conn.execute(_topic_id, {"p_topic": topic}).scalar_one_or_none()
+        if found is None and create:
+            self._dialect.insert_ignore(conn, topics, {"name": topic, "created_at": self._now()})
+            found = conn.execute(_topic_id, {"p_topic": topic}).scalar_one()
+        if found is None:
+            return None
+        self._topic_ids[topic] = int(found)
+        return int(found)
+
+    def _existing_topic_id(self, conn: sa.Connection, topic: str) -> int:
+        found = conn.execute(_topic_id, {"p_topic": topic}).scalar_one_or_none()
+        if found is None:
+            raise TopicNotFound(f"topic {topic!r} does not exist")
+        return int(found)
+
+    def _existing_channel_id(self, conn: sa.Connection, topic: str, channel: str) -> int:
+        found = conn.execute(
+            _channel_ids, {"p_topic": topic, "p_channel": channel}
+        ).scalar_one_or_none()
+        if found is None:
+            self._existing_topic_id(conn, topic)
+            raise ChannelNotFound(f"channel {channel!r} of topic {topic!r} does not exist")
+        return int(found)
+
+    def _channel_id(self, topic: str, channel: str) -> int:
+        """A channel's id for the hot path, cached (see :data:`CHANNEL_CACHE_S`)."""
+        cached = self._channel_cache.get((topic, channel))
+        if cached is not None:
+            return cached[0]
+        self._ready()
+        with self._dialect.engine.connect() as conn:
+            channel_id = self._existing_channel_id(conn, topic, channel)
+        self._channel_cache[(topic, channel)] = (channel_id, time.monotonic())
+        return channel_id
+
+    def _channel_maybe_gone(self, topic: str, channel: str) -> None:
+        """An empty claim: distrust a cached channel id that has not been checked lately."""
+        cached = self._channel_cache.get((topic, channel))
+        if cached is not None and time.monotonic() - cached[1] > CHANNEL_CACHE_S:
+            del self._channel_cache[(topic, channel)]
+
+    def ensure_topic(self, topic: str) -> None:
+        """Create ``topic`` if it does not exist."""
+        _validate.name(topic, "topic")
+        self._run(lambda conn: self._topic_id(conn, topic, create=True))
+
+    def ensure_channel(
+        self,
+        topic: str,
+        channel: str,
+        *,
+        dead_max_age: Duration | None = None,
+        dead_max_count: int | None = None,
+    ) -> None:
+        """Create ``channel`` on ``topic`` (and the topic) if missing.
+
+        A new channel receives messages published from now on. ``dead_max_age``
+        and ``dead_max_count`` bound its dead letters (default: the client's
+        ``Options``); given for an existing channel, they replace its bounds.
+        """
+        _validate.name(topic, "topic")
+        _validate.name(channel, "channel")
+        age_us = None
+        if dead_max_age is not None:
+            age_us = int(seconds(dead_max_age, "dead_max_age", allow_zero=False) * US)
+        if dead_max_count is not None:
+            check_int(dead_max_count, "dead_max_count", 0)
+
+        def write(conn: sa.Connection) -> None:
+            self._topic_ids.pop(topic, None)
+            topic_id = self._topic_id(conn, topic, create=True)
+            self._dialect.insert_ignore(
+                conn,
+                channels,
+                {
+                    "topic_id": topic_id,
+                    "name": channel,
+                    "created_at": self._now(),
+                    "dead_max_age": age_us,
+                    "dead_max_count": dead_max_count,
+                },
+            )
+            bounds = {
+                k: v
+                for k, v in (("dead_max_age", age_us), ("dead_max_count", dead_max_count))
+                if v is not None
+            }
+            if bounds:
+                conn.execute(
+                    sa.update(channels)
+                    .where(channels.c.topic_id == topic_id, channels.c.name == channel)
+                    .values(bounds)
+                )
+
+        self._run(write)
+
+    def delete_topic(self, topic: str) -> None:
+        """Delete ``topic`` with its channels, messages, deliveries and counters."""
+        _validate.name(topic, "topic")
+
+        def write(conn: sa.Connection) -> None:
+            topic_id = self._existing_topic_id(conn, topic)
+            channel_ids = sa.select(channels.c.id).where(channels.c.topic_id == topic_id)
+            conn.execute(sa.delete(stats).where(stats.c.channel_id.in_(channel_ids)))
+            conn.execute(sa.delete(d).where(d.c.channel_id.in_(channel_ids)))
+            conn.execute(sa.delete(messages).where(messages.c.topic_id == topic_id))
+            conn.execute(sa.delete(channels).where(channels.c.topic_id == topic_id))
+            conn.execute(sa.delete(topics).where(topics.c.id == topic_id))
+
+        self._run(write)
+        self._forget(topic)
+        self.log.info("deleted topic %s", topic)
+
+    def delete_channel(self, topic: str, channel: str) -> None:
+        """Delete a channel with its deliveries and counters; messages stay."""
+        _validate.name(topic, "topic")
+        _validate.name(channel, "channel")
+
+        def write(conn: sa.Connection) -> None:
+            channel_id = self._existing_channel_id(conn, topic, channel)
+            conn.execute(sa.delete(stats).where(stats.c.channel_id == channel_id))
+            conn.execute(sa.delete(d).where(d.c.channel_id == channel_id))
+            conn.execute(sa.delete(channels).where(channels.c.id == channel_id))
+
+        self._run(write)
+        self._forget(topic, channel)
+        self.log.info("deleted channel %s/%s", topic, channel)
+
+    def _forget(self, topic: str, channel: str | None = None) -> None:
+        if channel is None:
+            self._topic_ids.pop(topic, None)
+        for key in [k for k in self._channel_cache if k[0] == topic and channel in (None, k[1])]:
+            self._channel_cache.pop(key, None)
+
+    def list_topics(self) -> list[str]:
+        """Every topic's name, sorted."""
+        rows = self._run(
+            lambda conn: conn.execute(sa.select(topics.c.name).order_by(topics.c.name)).all()
+        )
+        return [r[0] for r in rows]
+
+    def list_channels(self, topic: str) -> list[str]:
+        """The channel names of ``topic``, sorted; :class:`TopicNotFound` if missing."""
+        _validate.name(topic, "topic")
+
+        def read(conn: sa.Connection) -> list[str]:
+            topic_id = self._existing_topic_id(conn, topic)
+            return [
+                r[0]
+                for r in conn.execute(
+                    sa.select(channels.c.name)
+                    .where(channels.c.topic_id == topic_id)
+                    .order_by(channels.c.name)
+                )
+            ]
+
+        result: list[str] = self._run(read)
+        return result
+
+    # -- low-level consuming ------------------------------------------------------------
+
+    def claim(
+        self,
+        topic: str,
+        channel: str,
+        *,
+        max_messages: int = 1,
+        lease: Duration | None = None,
+    ) -> list[Message]:
+        """Lease up to ``max_messages`` due deliveries of a channel, oldest first.
+
+        Returns ``[]`` when nothing is due. Each delivery's attempt counter goes
+        up by one. Settle each message with :meth:`ack`, :meth:`requeue` or
+        :meth:`reject` before ``lease`` runs out (or :meth:`renew` it); an
+        expired lease makes the delivery claimable again.
+        """
+        _validate.name(topic, "topic")
+        _validate.name(channel, "channel")
+        check_int(max_messages, "max_messages", 1, MAX_CLAIM)
+        lease_s = _validate.lease(lease, self._default_lease)
+        channel_id = self._channel_id(topic, channel)
+        return self._claim(topic, channel, channel_id, max_messages, lease_s)
+
+    def _claim(
+        self, topic: str, channel: str, channel_id: int, limit: int, lease_s: float
+    ) -> list[Message]:
+        token = secrets.token_hex(16)
+        holder: dict[str, int] = {}
+
+        def write(conn: sa.Connection) -> list[_dialect.ClaimedRow]:
+            now = self._now()
+            holder["now"], holder["until"] = now, now + int(lease_s * US)
+            return self._dialect.claim(conn, channel_id, limit, now, holder["until"], token)
+
+        rows = self._run(write)
+        if not rows:
+            self._channel_maybe_gone(topic, channel)
+            return []
+        self._stats.add("claimed", day_of(holder["now"]), {channel_id: len(rows)})
+        expires = from_us(holder["until"])
+        return [
+            Message(
+                id=row.message_id,
+                topic=topic,
+                channel=channel,
+                body=row.body,
+                headers=_validate.decode_headers(row.headers),
+                attempts=row.attempts,
+                max_attempts=row.max_attempts,
+                published_at=from_us(row.published_at),
+                delivery_id=row.delivery_id,
+                lease_token=token,
+                lease_expires_at=expires,
+                channel_id=channel_id,
+            )
+            for row in rows
+        ]
+
+    def ack(self, msg: Message) -> None:
+        """Settle ``msg`` as done: its delivery is deleted (the message stays until TTL).
+
+        Raises :class:`LeaseLost` if the lease is no longer current.
+        """
+        if self.ack_many([msg]):
+            raise LeaseLost(_lost_text(msg))
+
+    def ack_many(self, msgs: Sequence[Message]) -> list[Message]:
+        """Ack many messages in one transaction; return those whose lease was lost."""
+        if not msgs:
+            return []
+        by_token: dict[str, list[int]] = {}
+        for msg in msgs:
+            by_token.setdefault(msg.lease_token, []).append(msg.delivery_id)
+
+        def write(conn: sa.Connection) -> tuple[set[int], int]:
+            done: set[int] = set()
+            for token, ids in by_token.items():
+                done |= self._dialect.delete_leased(conn, sorted(ids), token)
+            return done, self._now()
+
+        done, now = self._run(write)
+        acked = Counter(msg.channel_id for msg in msgs if msg.delivery_id in done)
+        self._stats.add("acked", day_of(now), acked)
+        return [msg for msg in msgs if msg.delivery_id not in done]
+
+    def requeue(
+        self,
+        msg: Message,
+        *,
+        delay: Duration | None = None,
+        error: str | BaseException | None = None,
+    ) -> None:
+        """Give ``msg`` back for another attempt after ``delay``.
+
+        ``delay=None`` applies the client's backoff policy; ``delay=0`` retries
+        at once. ``error`` (text or exception) is kept as the delivery's last
+        error. After the last allowed attempt the delivery becomes dead at once
+        (reason ``max_attempts``). Raises :class:`LeaseLost` if the lease is no
+        longer current.
+        """
+        delay_s = (
+            self.options.backoff.delay(msg.attempts)
+            if delay is None
+            else _validate.retry_delay(delay)
+        )
+        self._retry(msg, delay_s, _validate.error_text(error))
+
+    def _retry(self, msg: Message, delay_s: float, error: str | None) -> None:
+        if msg.attempts >= msg.max_attempts:
+            self._bury(msg, "max_attempts", error)
+            return
+
+        def write(conn: sa.Connection) -> tuple[int, int]:
+            now = self._now()
+            result = conn.execute(
+                _requeue,
+                {
+                    "p_id": msg.delivery_id,
+                    "p_token": msg.lease_token,
+                    "p_visible": now + int(delay_s * US),
+                    "p_error": error,
+                },
+            )
+            return result.rowcount, now
+
+        changed, now = self._run(write)
+        if not changed:
+            raise LeaseLost(_lost_text(msg))
+        self._stats.add("requeued", day_of(now), {msg.channel_id: 1})
+
+    def reject(self, msg: Message, reason: str = "") -> None:
+        """Dead-letter ``msg`` at once; ``reason`` is kept (``"rejected"`` when empty)."""
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a str, got {type(reason).__name__}")
+        self._bury(msg, reason[: _validate.MAX_ERROR_CHARS] or "rejected", None)
+
+    def _bury(self, msg: Message, reason: str, error: str | None) -> None:
+        def write(conn: sa.Connection) -> tuple[int, int]:
+            now = self._now()
+            result = conn.execute(
+                _kill,
+                {
+                    "p_id": msg.delivery_id,
+                    "p_token": msg.lease_token,
+                    "p_error": error,
+                    "p_reason": reason,
+                    "p_now": now,
+                },
+            )
+            return result.rowcount, now
+
+        changed, now = self._run(write)
+        if not changed:
+            raise LeaseLost(_lost_text(msg))
+        self._stats.add("dead", day_of(now), {msg.channel_id: 1})
+
+    def renew(self, msg: Message, *, lease: Duration | None = None) -> Any:
+        """Extend ``msg``'s lease to ``lease`` from now (default ``Options.default_lease``).
+
+        Keeps the token, updates ``msg.lease_expires_at`` and returns the new
+        expiry. Raises :class:`LeaseLost` if the lease is no longer current.
+        """
+        lease_s = _validate.lease(lease, self._default_lease)
+
+        def write(conn: sa.Connection) -> tuple[int, int]:
+            until = self._now() + int(lease_s * US)
+            result = conn.execute(
+                _renew,
+                {
+                    "p_id": msg.delivery_id,
+                    "p_token": msg.lease_token,
+                    "p_until": until,
+                },
+            )
+            return result.rowcount, until
+
+        changed, until = self._run(write)
+        if not changed:
+            raise LeaseLost(_lost_text(msg))
+        msg.lease_expires_at = from_us(until)
+        return msg.lease_expires_at
+
+    # -- maintenance ------------------------------------------------------------------
+
+    def run_maintenance(self) -> None:
+        """Run one pass of every maintenance job, synchronously.
+
+        The lease reaper, TTL purge, dead-letter retention, stats flush and
+        stats prune. For tests, and for deployments that run maintenance from
+        cron instead of calling :meth:`start`.
+        """
+        self._ready()
+        self._resample_clock()
+        self.reap_leases()
+        self.purge_expired()
+        self.flush_stats()
+        self.prune_stats()
+
+    def _resample_clock(self) -> None:
+        if time.monotonic() - self._clock_sampled_at < CLOCK_SAMPLE_S:
+            return
+        with self._dialect.engine.connect() as conn:
+            self._clock.sample(lambda: self._dialect.db_now_us(conn))
+        self._clock_sampled_at = time.monotonic()
+
+    def reap_leases(self) -> int:
+        """Release deliveries whose lease expired; dead-letter those out of attempts.
+
+        Returns how many deliveries it changed. Tokens of reaped leases stop
+        working (:class:`LeaseLost`).
+        """
+        batch = self.options.maintenance_batch
+        total = 0
+        while True:
+            changed = self._run(lambda conn: self._reap_batch(conn, batch))
+            total += changed
+            if changed < batch:
+                return total
+
+    def _reap_batch(self, conn: sa.Connection, batch: int) -> int:
+        now = self._now()
+        expired = conn.execute(
+            sa.select(d.c.id, d.c.channel_id, d.c.attempts >= d.c.max_attempts)
+            .join_from(
+                channels,
+                d,
+                sa.and_(
+                    d.c.channel_id == channels.c.id,
+                    d.c.state == STATE_LEASED,
+                    d.c.visible_at <= now,
+                ),
+            )
+            .order_by(d.c.id)
+            .limit(batch)
+        ).all()
+        groups: dict[tuple[int, bool], list[int]] = {}
+        for delivery_id, channel_id, spent in expired:
+            groups.setdefault((int(channel_id), bool(spent)), []).append(int(delivery_id))
+        leased_expired = sa.and_(d.c.state == STATE_LEASED, d.c.visible_at <= now)
+        dead: Counter[int] = Counter()
+        changed = 0
+        for (channel_id, spent), ids in sorted(groups.items()):
+            if spent:
+                values: dict[str, Any] = {
+                    "state": STATE_DEAD,
+                    "visible_at": DEAD_VISIBLE_AT,
+                    "lease_token": None,
+                    "dead_reason": "max_attempts",
+                    "died_at": now,
+                    "last_error": sa.func.coalesce(d.c.last_error, "lease expired"),
+                }
+            else:
+                values = {"state": STATE_READY, "visible_at": now, "lease_token": None}
+            count = conn.execute(
+                sa.update(d).where(d.c.id.in_(ids), leased_expired).values(values)
+            ).rowcount
+            changed += count
+            if spent:
+                dead[channel_id] += count
+        if dead:
+            self._stats.add("dead", day_of(now), dead)
+        if changed:
+            self.log.debug("reaped %d expired leases", changed)
+        return len(expired)
+
+    def purge_expired(self) -> int:
+        """Delete messages past their TTL with all their deliveries (dead included).
+
+        Works in batches of ``Options.maintenance_batch``; returns how many
+        messages it deleted.
+        """
+        batch = self.options.maintenance_batch
+        total = 0
+        while True:
+            deleted = self._run(lambda conn: self._purge_batch(conn, batch))
+            total += deleted
+            if deleted < batch:
+                return total
+
+    def _purge_batch(self, conn: sa.Connection, batch: int) -> int:
+        now = self._now()
+        ids = [
+            int(r[0])
+            for r in conn.execute(
+                sa.select(messages.c.id)
+                .where(messages.c.expires_at <= now)
+                .order_by(messages.c.expires_at, messages.c.id)
+                .limit(batch)
+            )
+        ]
+        if not ids:
+            return 0
+        self._count_purged(self._dialect.delete_deliveries(conn, d.c.message_id.in_(ids)), now)
+        conn.execute(sa.delete(messages).where(messages.c.id.in_(ids)))
+        return len(ids)
+
+    def _count_purged(self, channel_ids: list[int], now: int) -> None:
+        if channel_ids:
+            self._stats.add("purged", day_of(now), Counter(channel_ids))
+
+    def flush_stats(self) -> None:
+        """Write the buffered counter deltas to the database now.
+
+        Safe to run in many processes at once: each adds its own deltas with
+        an upsert. A failed flush keeps the deltas for the next one.
+        """
+        taken = self._stats.take()
+        if not taken:
+            return
+        rows = [
+            {
+                "channel_id": channel_id,
+                "day": day,
+                **dict(zip(COUNTER_COLUMNS, values, strict=True)),
+            }
+            for (channel_id, day), values in sorted(taken.items())
+        ]
+
+        def write(conn: sa.Connection) -> None:
+            alive = {
+                int(r[0])
+                for r in conn.execute(
+                    sa.select(channels.c.id).where(
+                        channels.c.id.in_({row["channel_id"] for row in rows})
+                    )
+                )
+            }
+            # Counters of channels deleted since are dropped with them.
+            kept = [row for row in rows if row["channel_id"] in alive]
+            if kept:
+                self._dialect.upsert_stats(conn, kept)
+
+        try:
+            self._run(write)
+        except BaseException:
+            self._stats.give_back(taken)
+            raise
+
+    def prune_stats(self) -> int:
+        """Delete day buckets older than ``Options.stats_retention_days``; return how many."""
+        today = day_of(self._now())
+        first_kept = today - timedelta(days=self.options.stats_retention_days - 1)
+        result: int = self._run(
+            lambda conn: conn.execute(sa.delete(stats).where(stats.c.day < first_kept)).rowcount
+        )
+        return result
+
+
+def _lost_text(msg: Message) -> str:
+    return (
+        f"lease of delivery {msg.delivery_id} (message {msg.id} on {msg.topic}/{msg.channel}) "
+        "is no longer current: it was settled, reaped after expiry or claimed again"
+    )
+
+
+# -- running code when the caller's transaction commits --------------------------------
+
+_pending_lock = threading.Lock()
+_pending: weakref.WeakKeyDictionary[sa.Connection, list[Callable[[], None]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _after_commit(conn: sa.Connection, callback: Callable[[], None]) -> None:
+    """Run ``callback`` once the transaction of ``conn`` commits; drop it on rollback."""
+    with _pending_lock:
+        queue = _pending.get(conn)
+        if queue is None:
+            queue = _pending[conn] = []
+            sa.event.listen(conn, "commit", _run_pending)
+            sa.event.listen(conn, "rollback", _drop_pending)
+        queue.append(callback)
+
+
+def _run_pending(conn: sa.Connection) -> None:
+    with _pending_lock:
+        callbacks = _pending.get(conn, [])
+        _pending[conn] = []
+    for callback in callbacks:
+        callback()
+
+
+def _drop_pending(conn: sa.Connection) -> None:
+    with _pending_lock:
+        _pending[conn] = []

@@ -1,0 +1,553 @@
+"""The one place that knows which database novaque is talking to.
+
+Every statement whose SQL differs between PostgreSQL, MySQL/MariaDB and SQLite
+lives here, in one class per dialect family chosen from the engine's dialect
+name: claiming, settling with RETURNING or without, the stats upsert, the
+server clock, NOTIFY, version floors, which errors are worth a retry, and how
+novaque's own connections are set up. The client, consumers and maintenance
+call these methods and never branch on the database themselves.
+
+Statements are built once, at import, from bound parameters, so SQLAlchemy's
+compiled cache serves every call.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import time
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.dialects import mysql as mysql_dialect
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.exc import DBAPIError
+
+from novaque.errors import UnsupportedDatabase
+from novaque.schema import (
+    COUNTER_COLUMNS,
+    STATE_LEASED,
+    deliveries,
+    messages,
+    stats,
+)
+
+T = TypeVar("T")
+
+d = deliveries
+m = messages
+
+#: Engines built by :func:`novaque.connect` are already set up for novaque.
+_PREPARED: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
+
+NOTIFY_CHANNEL = "novaque"
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRow:
+    """One claimed delivery with its message, as the dialects return it."""
+
+    delivery_id: int
+    message_id: int
+    attempts: int
+    max_attempts: int
+    body: bytes
+    headers: str | None
+    published_at: int
+
+
+# -- statements shared by several dialects ------------------------------------
+
+_claim_filter = sa.and_(
+    d.c.channel_id == sa.bindparam("p_channel"),
+    d.c.visible_at <= sa.bindparam("p_now"),
+    d.c.attempts < d.c.max_attempts,
+)
+_claim_ids = (
+    sa.select(d.c.id)
+    .where(_claim_filter)
+    .order_by(d.c.visible_at, d.c.id)
+    .limit(sa.bindparam("p_limit", type_=sa.Integer))
+    .with_for_update(skip_locked=True)
+)
+_lease_values = {
+    "state": STATE_LEASED,
+    "visible_at": sa.bindparam("p_until"),
+    "lease_token": sa.bindparam("p_token"),
+    "attempts": d.c.attempts + 1,
+}
+_claim_update_returning = (
+    sa.update(d)
+    .where(d.c.id.in_(_claim_ids.scalar_subquery()))
+    .values(_lease_values)
+    .returning(d.c.id, d.c.message_id, d.c.attempts, d.c.max_attempts)
+)
+_message_fields = sa.select(m.c.id, m.c.body, m.c.headers, m.c.published_at).where(
+    m.c.id.in_(sa.bindparam("p_ids", expanding=True))
+)
+_ack_delete_returning = (
+    sa.delete(d)
+    .where(
+        d.c.id.in_(sa.bindparam("p_ids", expanding=True)),
+        d.c.lease_token == sa.bindparam("p_token"),
+    )
+    .returning(d.c.id)
+)
+
+
+class Dialect:
+    """Behaviour shared by every backend; subclasses override what differs."""
+
+    name: ClassVar[str] = ""
+    #: (major, minor, ...) below which :meth:`check_floor` refuses the database.
+    floor: ClassVar[tuple[int, ...]] = ()
+    #: Whether the server pushes wake-ups (PostgreSQL LISTEN/NOTIFY).
+    supports_notify: ClassVar[bool] = False
+
+    def __init__(self, engine: sa.Engine) -> None:
+        #: The engine novaque runs its own transactions on.
+        self.engine = engine
+
+    # -- set-up -----------------------------------------------------------------
+
+    def check_floor(self, conn: sa.Connection) -> None:
+        version = tuple(conn.dialect.server_version_info or ())
+        if version < self.floor:
+            raise UnsupportedDatabase(
+                f"{self.label(conn)} {_dotted(version)} is too old: novaque needs "
+                f"{self.label(conn)} >= {_dotted(self.floor)}"
+            )
+
+    def label(self, conn: sa.Connection) -> str:
+        return self.name
+
+    def db_now_us(self, conn: sa.Connection) -> int | None:
+        """The server clock in epoch microseconds, or None to use the local clock."""
+        return None
+
+    # -- transactions -------------------------------------------------------------
+
+    def is_retryable(self, exc: DBAPIError) -> bool:
+        """True for errors a repeat of the same transaction can cure (deadlock, busy)."""
+        return False
+
+    def run(self, fn: Callable[[sa.Connection], T], *, attempts: int = 8) -> T:
+        """Run ``fn`` in one transaction on novaque's engine, retrying deadlocks."""
+        for attempt in range(1, attempts + 1):
+            try:
+                with self.engine.begin() as conn:
+                    self.begin_transaction(conn)
+                    return fn(conn)
+            except DBAPIError as exc:
+                if attempt == attempts or not self.is_retryable(exc):
+                    raise
+                time.sleep(random.uniform(0, 0.002 * 2**attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def begin_transaction(self, conn: sa.Connection) -> None:
+        """First statement of each of novaque's own transactions, if any."""
+
+    # -- publishing -----------------------------------------------------------------
+
+    def insert_messages(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> list[int]:
+        """Insert message rows in one round trip and return their ids, in order."""
+        if len(rows) == 1:
+            return [_inserted_id(conn.execute(sa.insert(m), rows[0]))]
+        result = conn.execute(sa.insert(m).returning(m.c.id, sort_by_parameter_order=True), rows)
+        return [int(row[0]) for row in result]
+
+    def notify(self, conn: sa.Connection, topic: str) -> None:
+        """Wake listening consumers of ``topic`` when the transaction commits."""
+
+    def insert_ignore(self, conn: sa.Connection, table: sa.Table, values: dict[str, Any]) -> None:
+        """Insert a row unless it would break a unique constraint (then do nothing).
+
+        Never raises on a duplicate, so it is safe inside the caller's transaction
+        while another transaction creates the same row.
+        """
+        conn.execute(self._insert(table).on_conflict_do_nothing(), values)
+
+    def insert_deduplicated(self, conn: sa.Connection, row: dict[str, Any]) -> int | None:
+        """Insert a message with a dedup key; its id, or None if the key is taken."""
+        stmt = (
+            self._insert(m)
+            .on_conflict_do_nothing(index_elements=[m.c.topic_id, m.c.dedup_key])
+            .returning(m.c.id)
+        )
+        found = conn.execute(stmt, row).scalar_one_or_none()
+        return None if found is None else int(found)
+
+    def delete_deliveries(self, conn: sa.Connection, where: sa.ColumnElement[bool]) -> list[int]:
+        """Delete the deliveries matching ``where``; the channel id of each one deleted.
+
+        Concurrent callers never both report the same row (each row is counted
+        once in the ``purged`` counter).
+        """
+        return [
+            int(r[0]) for r in conn.execute(sa.delete(d).where(where).returning(d.c.channel_id))
+        ]
+
+    # -- claiming -------------------------------------------------------------------
+
+    def claim(
+        self, conn: sa.Connection, channel_id: int, limit: int, now: int, until: int, token: str
+    ) -> list[ClaimedRow]:
+        """Lease up to ``limit`` due deliveries of a channel, oldest due first."""
+        params = {
+            "p_channel": channel_id,
+            "p_now": now,
+            "p_limit": limit,
+            "p_until": until,
+            "p_token": token,
+        }
+        leased = conn.execute(_claim_update_returning, params).all()
+        return self._with_messages(conn, [(r[0], r[1], r[2], r[3]) for r in leased])
+
+    def _with_messages(
+        self, conn: sa.Connection, leased: Sequence[tuple[int, int, int, int]]
+    ) -> list[ClaimedRow]:
+        if not leased:
+            return []
+        ids = sorted({message_id for _, message_id, _, _ in leased})
+        found = {r[0]: r for r in conn.execute(_message_fields, {"p_ids": ids})}
+        rows = [
+            ClaimedRow(
+                did, mid, attempts, max_attempts, bytes(found[mid][1]), found[mid][2], found[mid][3]
+            )
+            for did, mid, attempts, max_attempts in leased
+        ]
+        rows.sort(key=lambda row: row.delivery_id)
+        return rows
+
+    # -- settling -------------------------------------------------------------------
+
+    def delete_leased(self, conn: sa.Connection, ids: Sequence[int], token: str) -> set[int]:
+        """Delete the deliveries among ``ids`` still leased with ``token``; return those."""
+        result = conn.execute(_ack_delete_returning, {"p_ids": list(ids), "p_token": token})
+        return {int(r[0]) for r in result}
+
+    # -- stats ----------------------------------------------------------------------
+
+    def upsert_stats(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
+        """Add counter deltas to their (channel, day) buckets, creating missing ones."""
+        insert = self._insert(stats)
+        stmt = insert.on_conflict_do_update(
+            index_elements=[stats.c.channel_id, stats.c.day],
+            set_={c: stats.c[c] + insert.excluded[c] for c in COUNTER_COLUMNS},
+        )
+        conn.execute(stmt, rows)
+
+    def _insert(self, table: sa.Table) -> Any:
+        """The dialect's own INSERT construct (with its upsert clauses)."""
+        raise NotImplementedError
+
+
+def _dotted(version: Iterable[object]) -> str:
+    return ".".join(str(part) for part in version)
+
+
+def _inserted_id(result: sa.CursorResult[Any]) -> int:
+    key = result.inserted_primary_key
+    assert key is not None
+    return int(key[0])
+
+
+def _mysql_code(exc: DBAPIError) -> object:
+    args: tuple[object, ...] = tuple(getattr(exc.orig, "args", ()))
+    return args[0] if args else None
+
+
+class PostgresDialect(Dialect):
+    name = "PostgreSQL"
+    floor = (14,)
+    supports_notify = True
+
+    def __init__(self, engine: sa.Engine) -> None:
+        super().__init__(engine)
+        claimed = _claim_update_returning.cte("claimed")
+        self._claim_stmt = (
+            sa.select(
+                claimed.c.id,
+                claimed.c.message_id,
+                claimed.c.attempts,
+                claimed.c.max_attempts,
+                m.c.body,
+                m.c.headers,
+                m.c.published_at,
+            )
+            .join_from(claimed, m, m.c.id == claimed.c.message_id)
+            .order_by(claimed.c.id)
+        )
+
+    def db_now_us(self, conn: sa.Connection) -> int | None:
+        return int(
+            conn.exec_driver_sql(
+                "SELECT (extract(epoch from clock_timestamp()) * 1000000)::bigint"
+            ).scalar_one()
+        )
+
+    def is_retryable(self, exc: DBAPIError) -> bool:
+        return getattr(exc.orig, "sqlstate", None) in ("40P01", "40001")
+
+    def notify(self, conn: sa.Connection, topic: str) -> None:
+        conn.execute(sa.select(sa.func.pg_notify(NOTIFY_CHANNEL, topic)))
+
+    def claim(
+        self, conn: sa.Connection, channel_id: int, limit: int, now: int, until: int, token: str
+    ) -> list[ClaimedRow]:
+        # One statement: lock (skipping rows other consumers hold), lease, and
+        # return the message with each delivery.
+        params = {
+            "p_channel": channel_id,
+            "p_now": now,
+            "p_limit": limit,
+            "p_until": until,
+            "p_token": token,
+        }
+        return [
+            ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6])
+            for r in conn.execute(self._claim_stmt, params)
+        ]
+
+    def _insert(self, table: sa.Table) -> Any:
+        return pg_dialect.insert(table)
+
+
+class MySQLDialect(Dialect):
+    name = "MySQL"
+    floor = (8, 0, 1)
+
+    _lock_ids = (
+        sa.select(d.c.id, d.c.message_id, d.c.attempts, d.c.max_attempts)
+        .where(_claim_filter)
+        .order_by(d.c.visible_at, d.c.id)
+        .limit(sa.bindparam("p_limit", type_=sa.Integer))
+        .with_for_update(skip_locked=True)
+    )
+    _lease = (
+        sa.update(d).where(d.c.id.in_(sa.bindparam("p_ids", expanding=True))).values(_lease_values)
+    )
+    _lock_leased = (
+        sa.select(d.c.id)
+        .where(
+            d.c.id.in_(sa.bindparam("p_ids", expanding=True)),
+            d.c.lease_token == sa.bindparam("p_token"),
+        )
+        .with_for_update()
+    )
+    _delete_ids = sa.delete(d).where(d.c.id.in_(sa.bindparam("p_ids", expanding=True)))
+
+    def label(self, conn: sa.Connection) -> str:
+        return "MariaDB" if getattr(conn.dialect, "is_mariadb", False) else "MySQL"
+
+    def check_floor(self, conn: sa.Connection) -> None:
+        if getattr(conn.dialect, "is_mariadb", False):
+            version = tuple(conn.dialect.server_version_info or ())
+            if version < (10, 6):
+                raise UnsupportedDatabase(
+                    f"MariaDB {_dotted(version)} is too old: novaque needs MariaDB >= 10.6 "
+                    "(for SKIP LOCKED)"
+                )
+            return
+        super().check_floor(conn)
+
+    def db_now_us(self, conn: sa.Connection) -> int | None:
+        return int(
+            conn.exec_driver_sql(
+                "SELECT CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)"
+            ).scalar_one()
+        )
+
+    def is_retryable(self, exc: DBAPIError) -> bool:
+        # 1213 deadlock, 1205 lock wait timeout
+        return _mysql_code(exc) in (1213, 1205)
+
+    def begin_transaction(self, conn: sa.Connection) -> None:
+        # READ COMMITTED for this transaction only: locking reads take no gap
+        # locks, so claims never deadlock with concurrent publishes.
+        conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+
+    def insert_messages(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> list[int]:
+        if len(rows) == 1 or conn.dialect.insert_executemany_returning_sort_by_parameter_order:
+            return super().insert_messages(conn, rows)
+        # MySQL proper has no RETURNING and interleaves auto-increment values
+        # across concurrent inserts: ids are only known row by row.
+        return [_inserted_id(conn.execute(sa.insert(m), row)) for row in rows]
+
+    def claim(
+        self, conn: sa.Connection, channel_id: int, limit: int, now: int, until: int, token: str
+    ) -> list[ClaimedRow]:
+        # No UPDATE ... RETURNING, and no LIMIT inside IN (subquery): lock the
+        # rows first (skipping others' locks), then lease exactly those.
+        locked = conn.execute(
+            self._lock_ids, {"p_channel": channel_id, "p_now": now, "p_limit": limit}
+        ).all()
+        if not locked:
+            return []
+        conn.execute(
+            self._lease, {"p_ids": [r[0] for r in locked], "p_until": until, "p_token": token}
+        )
+        return self._with_messages(conn, [(r[0], r[1], r[2] + 1, r[3]) for r in locked])
+
+    def delete_leased(self, conn: sa.Connection, ids: Sequence[int], token: str) -> set[int]:
+        if conn.dialect.delete_returning:  # MariaDB
+            return super().delete_leased(conn, ids, token)
+        held = [
+            int(r[0])
+            for r in conn.execute(self._lock_leased, {"p_ids": list(ids), "p_token": token})
+        ]
+        if held:
+            conn.execute(self._delete_ids, {"p_ids": held})
+        return set(held)
+
+    def insert_ignore(self, conn: sa.Connection, table: sa.Table, values: dict[str, Any]) -> None:
+        # Not INSERT IGNORE: that would also swallow foreign key and data errors.
+        key = next(iter(table.primary_key.columns))
+        stmt = mysql_dialect.insert(table).on_duplicate_key_update({key.name: key})
+        conn.execute(stmt, values)
+
+    def insert_deduplicated(self, conn: sa.Connection, row: dict[str, Any]) -> int | None:
+        # A duplicate key error ends only the statement on InnoDB, never the
+        # transaction, so the unique index decides and the caller reads the winner.
+        try:
+            return _inserted_id(conn.execute(sa.insert(m), row))
+        except sa.exc.IntegrityError as exc:
+            if _mysql_code(exc) != 1062:
+                raise
+            return None
+
+    def delete_deliveries(self, conn: sa.Connection, where: sa.ColumnElement[bool]) -> list[int]:
+        if conn.dialect.delete_returning:  # MariaDB
+            return super().delete_deliveries(conn, where)
+        held = conn.execute(sa.select(d.c.id, d.c.channel_id).where(where).with_for_update()).all()
+        if held:
+            conn.execute(self._delete_ids, {"p_ids": [r[0] for r in held]})
+        return [int(r[1]) for r in held]
+
+    def upsert_stats(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
+        insert = mysql_dialect.insert(stats)
+        stmt = insert.on_duplicate_key_update(
+            {c: stats.c[c] + insert.inserted[c] for c in COUNTER_COLUMNS}
+        )
+        conn.execute(stmt, rows)
+
+
+class SQLiteDialect(Dialect):
+    name = "SQLite"
+    floor = (3, 35)
+    busy_timeout_ms = 30_000
+
+    def check_floor(self, conn: sa.Connection) -> None:
+        version = sqlite3.sqlite_version_info
+        if version < self.floor:
+            raise UnsupportedDatabase(
+                f"SQLite {_dotted(version)} is too old: novaque needs SQLite >= 3.35 "
+                "(for UPDATE ... RETURNING)"
+            )
+
+    def is_retryable(self, exc: DBAPIError) -> bool:
+        text = str(exc.orig).lower()
+        return "database is locked" in text or "database is busy" in text
+
+    def _insert(self, table: sa.Table) -> Any:
+        return sqlite_dialect.insert(table)
+
+    @classmethod
+    def own_engine(cls, engine: sa.Engine) -> sa.Engine:
+        """An engine on the same file, set up for novaque's transactions.
+
+        novaque's writes must take SQLite's write lock up front (``BEGIN
+        IMMEDIATE``), so that waiting happens where ``busy_timeout`` applies;
+        a deferred transaction that reads and then writes fails at once under
+        contention. Changing how transactions begin on the application's
+        engine would change the application's own transactions, so novaque
+        opens its own engine on the same file instead.
+        """
+        url = engine.url
+        database = url.database or ""
+        if (
+            database in ("", ":memory:")
+            or database.startswith("file::memory:")
+            or ("mode=memory" in database or url.query.get("mode") == "memory")
+        ):
+            raise UnsupportedDatabase(
+                "novaque needs a file-backed SQLite database: an in-memory database "
+                "is private to one connection and cannot be shared by novaque's "
+                "connections, consumers and processes (use e.g. sqlite:///novaque.db)"
+            )
+        own = sa.create_engine(url, pool_size=8, max_overflow=16, pool_timeout=60)
+        cls.configure(own)
+        return own
+
+    @classmethod
+    def configure(cls, engine: sa.Engine) -> None:
+        """Pragmas on every connection, and BEGIN IMMEDIATE for every transaction."""
+
+        @event.listens_for(engine, "connect")
+        def _connect(dbapi_conn: Any, record: Any) -> None:
+            # Let novaque, not the sqlite3 module, decide when transactions begin.
+            dbapi_conn.isolation_level = None
+            cursor = dbapi_conn.cursor()
+            cursor.execute(f"PRAGMA busy_timeout = {cls.busy_timeout_ms}")
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA synchronous = FULL")
+            cursor.execute("PRAGMA foreign_keys = ON")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _begin(conn: sa.Connection) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+_DIALECTS: dict[str, type[Dialect]] = {
+    "postgresql": PostgresDialect,
+    "mysql": MySQLDialect,
+    "mariadb": MySQLDialect,
+    "sqlite": SQLiteDialect,
+}
+
+
+def for_engine(engine: sa.Engine) -> Dialect:
+    """The dialect layer for ``engine``, with the engine novaque should run on."""
+    cls = _DIALECTS.get(engine.dialect.name)
+    if cls is None:
+        raise UnsupportedDatabase(
+            f"novaque does not support the {engine.dialect.name!r} database; "
+            "it runs on PostgreSQL, MySQL/MariaDB and SQLite"
+        )
+    if cls is SQLiteDialect and engine not in _PREPARED:
+        return SQLiteDialect(SQLiteDialect.own_engine(engine))
+    return cls(engine)
+
+
+def create_engine(url: str | sa.URL, pool_size: int) -> sa.Engine:
+    """Build an engine for ``url`` with the settings novaque runs best with."""
+    parsed = sa.make_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        probe = sa.create_engine(parsed)
+        try:
+            engine = SQLiteDialect.own_engine(probe)
+        finally:
+            probe.dispose()
+    elif backend in ("postgresql", "mysql", "mariadb"):
+        kwargs: dict[str, Any] = {
+            "pool_size": pool_size,
+            "max_overflow": pool_size,
+            "pool_pre_ping": True,
+        }
+        if backend != "postgresql":
+            kwargs["pool_recycle"] = 3600  # below MySQL's default wait_timeout
+        engine = sa.create_engine(parsed, **kwargs)
+    else:
+        raise UnsupportedDatabase(
+            f"novaque does not support {backend!r} URLs; use postgresql+psycopg://, "
+            "mysql+pymysql:// or sqlite:///"
+        )
+    _PREPARED.add(engine)
+    return engine

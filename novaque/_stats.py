@@ -1,0 +1,50 @@
+"""In-memory counter deltas, flushed to ``novaque_stats`` in batches.
+
+Hot paths only add to a dict under a lock; :meth:`StatsBuffer.take` hands the
+accumulated deltas to the flusher, which adds them to the (channel, day)
+buckets with one upsert. A failed flush gives the deltas back, so counters are
+never lost, only late.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from datetime import date
+
+from novaque.schema import COUNTER_COLUMNS
+
+FIELD_INDEX = {name: i for i, name in enumerate(COUNTER_COLUMNS)}
+
+Key = tuple[int, date]  # (channel_id, UTC day)
+
+
+class StatsBuffer:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._deltas: defaultdict[Key, list[int]] = defaultdict(lambda: [0] * len(COUNTER_COLUMNS))
+
+    def add(self, field: str, day: date, channel_ids: dict[int, int]) -> None:
+        """Add ``channel_ids[channel] `` to ``field`` of each channel's bucket for ``day``."""
+        index = FIELD_INDEX[field]
+        with self._lock:
+            for channel_id, count in channel_ids.items():
+                if count:
+                    self._deltas[(channel_id, day)][index] += count
+
+    def take(self) -> dict[Key, list[int]]:
+        with self._lock:
+            taken = dict(self._deltas)
+            self._deltas.clear()
+        return taken
+
+    def give_back(self, taken: dict[Key, list[int]]) -> None:
+        with self._lock:
+            for key, values in taken.items():
+                bucket = self._deltas[key]
+                for i, value in enumerate(values):
+                    bucket[i] += value
+
+    def __bool__(self) -> bool:
+        with self._lock:
+            return bool(self._deltas)

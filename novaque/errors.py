@@ -1,0 +1,87 @@
+"""Every error novaque raises, in one place.
+
+All of them derive from :class:`NovaqueError`, so ``except novaque.NovaqueError``
+catches anything the library raises on purpose. Errors about bad input also
+derive from :class:`ValueError` (or :class:`LookupError` for missing things),
+so code that already handles those keeps working. Driver errors that are not
+translated here pass through unchanged, as SQLAlchemy's ``DBAPIError``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ChannelNotFound",
+    "InvalidName",
+    "InvalidOption",
+    "LeaseLost",
+    "MessageNotFound",
+    "MessageTooLarge",
+    "NovaqueError",
+    "Reject",
+    "SchemaOutOfDate",
+    "TopicNotFound",
+    "UnsupportedDatabase",
+]
+
+
+class NovaqueError(Exception):
+    """Base class of every error novaque raises on purpose."""
+
+
+class InvalidName(NovaqueError, ValueError):
+    """A topic or channel name breaks the naming rule.
+
+    Names are 1-200 characters of ``[A-Za-z0-9._:-]`` and case-sensitive.
+    """
+
+
+class InvalidOption(NovaqueError, ValueError):
+    """An option or argument is out of range (delay, TTL, attempts, lease...).
+
+    The message names the offending value and the allowed range.
+    """
+
+
+class MessageTooLarge(NovaqueError, ValueError):
+    """A body is larger than ``Options.max_body_bytes``."""
+
+
+class TopicNotFound(NovaqueError, LookupError):
+    """A read or delete named a topic that does not exist."""
+
+
+class ChannelNotFound(NovaqueError, LookupError):
+    """A read or delete named a channel that does not exist on an existing topic."""
+
+
+class MessageNotFound(NovaqueError, LookupError):
+    """No message has the given id (never published, or purged by TTL/prune)."""
+
+
+class LeaseLost(NovaqueError):
+    """The lease token is no longer current.
+
+    The delivery was settled already, reaped after its lease expired, or claimed
+    again by another consumer. Nothing was changed.
+    """
+
+
+class SchemaOutOfDate(NovaqueError):
+    """novaque's tables are missing or older than this version of the library."""
+
+
+class UnsupportedDatabase(NovaqueError):
+    """The database (or its version) is not one novaque can run on."""
+
+
+class Reject(Exception):
+    """Raise from a handler to dead-letter the message at once, without retries.
+
+    ``reason`` is kept as the dead letter's reason (``"rejected"`` when empty).
+    It is deliberately not a :class:`NovaqueError`: it is a signal from your
+    code, not an error of the library.
+    """
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason

@@ -1,0 +1,122 @@
+"""Result types returned by the client. All datetimes are aware UTC."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+__all__ = [
+    "Backlog",
+    "Counters",
+    "DeadLetter",
+    "DeliveryInfo",
+    "DeliveryState",
+    "Message",
+    "MessageInfo",
+]
+
+DeliveryState = Literal["pending", "ready", "in_flight", "dead"]
+
+
+@dataclass(slots=True)
+class Message:
+    """One delivery of a message to a channel, as a handler or ``claim`` sees it.
+
+    ``attempts`` counts this attempt too. ``lease_token`` fences the lease: ack,
+    requeue, renew and reject succeed only while it is current. ``renew``
+    updates ``lease_expires_at`` in place.
+    """
+
+    id: int
+    topic: str
+    channel: str
+    body: bytes
+    headers: dict[str, str]
+    attempts: int
+    max_attempts: int
+    published_at: datetime
+    delivery_id: int
+    lease_token: str
+    lease_expires_at: datetime
+    channel_id: int = field(default=0, repr=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """Delivery counters of a channel (or the sum over a topic's channels).
+
+    ``published`` counts deliveries created (fan-out and replay); ``purged``
+    counts deliveries removed by TTL, dead-letter retention or ``prune``.
+    """
+
+    published: int = 0
+    claimed: int = 0
+    acked: int = 0
+    requeued: int = 0
+    dead: int = 0
+    purged: int = 0
+
+    def __add__(self, other: Counters) -> Counters:
+        return Counters(*(a + b for a, b in zip(_values(self), _values(other), strict=True)))
+
+
+def _values(c: Counters) -> tuple[int, int, int, int, int, int]:
+    return (c.published, c.claimed, c.acked, c.requeued, c.dead, c.purged)
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """Live deliveries of a channel by state.
+
+    ``pending``: not yet due (delay or backoff); ``ready``: due and not leased;
+    ``in_flight``: leased (an expired lease not yet reaped included); ``dead``.
+    """
+
+    pending: int = 0
+    ready: int = 0
+    in_flight: int = 0
+    dead: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A dead delivery, addressed by ``delivery_id``."""
+
+    delivery_id: int
+    message_id: int
+    attempts: int
+    reason: str
+    last_error: str | None
+    body_len: int
+    published_at: datetime
+    died_at: datetime
+    body: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryInfo:
+    """The state of one live delivery of a message (see :class:`MessageInfo`)."""
+
+    channel: str
+    state: DeliveryState
+    attempts: int
+    last_error: str | None
+    visible_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class MessageInfo:
+    """A stored message and its live deliveries.
+
+    A channel of the topic that is missing from ``deliveries`` has acked the
+    message (or did not exist when it was published).
+    """
+
+    id: int
+    topic: str
+    body: bytes
+    headers: dict[str, str]
+    published_at: datetime
+    expires_at: datetime
+    deliveries: list[DeliveryInfo]

@@ -1,0 +1,129 @@
+"""Client options and the retry backoff policy."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from novaque.errors import InvalidOption
+
+__all__ = ["Backoff", "Duration", "Options", "seconds"]
+
+#: A duration: a ``timedelta`` or a number of seconds.
+Duration = timedelta | float | int
+
+
+def seconds(value: Duration, name: str, *, allow_zero: bool = True) -> float:
+    """Return ``value`` in seconds, or raise :class:`InvalidOption` naming ``name``."""
+    if isinstance(value, timedelta):
+        result = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        result = float(value)
+    else:
+        raise InvalidOption(
+            f"{name} must be a timedelta or a number of seconds, got {type(value).__name__}"
+        )
+    if not math.isfinite(result) or result < 0 or (result == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise InvalidOption(f"{name} must be {bound} seconds, got {result!r}")
+    return result
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential retry delay: ``base * 2**(attempt-1)``, capped at ``cap``.
+
+    ``attempt`` is the attempt that just failed (the first failure waits
+    ``base``). With ``jitter`` the delay is drawn uniformly from ``[0, delay]``
+    ("full jitter"), which spreads retries of a burst of failures.
+    ``Backoff(base=0)`` retries at once.
+    """
+
+    base: Duration = 1.0
+    cap: Duration = 3600.0
+    jitter: bool = True
+
+    def __post_init__(self) -> None:
+        seconds(self.base, "Backoff.base")
+        seconds(self.cap, "Backoff.cap")
+
+    def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
+        """Seconds to wait before retrying after failed attempt number ``attempt``."""
+        base = seconds(self.base, "Backoff.base")
+        cap = seconds(self.cap, "Backoff.cap")
+        exponent = min(max(attempt, 1) - 1, 62)
+        raw = min(cap, base * (2.0**exponent))
+        return raw * rand() if self.jitter else raw
+
+
+@dataclass(frozen=True)
+class Options:
+    """Tuning of a :class:`novaque.Client`; every field has a production default.
+
+    Durations accept a ``timedelta`` or a number of seconds and are stored as
+    given; the client converts them. ``clock``, when set, is used for every
+    time decision (tests move it to expire leases without sleeping); when unset
+    novaque uses the database server's clock (see the guide, "Time").
+    """
+
+    default_ttl: Duration = timedelta(days=7)
+    default_lease: Duration = 30.0
+    default_max_attempts: int = 5
+    poll_interval: Duration = 0.2
+    max_in_flight: int = 1
+    reap_interval: Duration = 1.0
+    purge_interval: Duration = 5.0
+    maintenance_batch: int = 100
+    stats_retention_days: int = 30
+    stats_flush_interval: Duration = 2.0
+    stats_prune_interval: Duration = 3600.0
+    max_body_bytes: int = 1024 * 1024
+    backoff: Backoff = field(default_factory=Backoff)
+    logger: logging.Logger = field(default_factory=lambda: logging.getLogger("novaque"))
+    clock: Callable[[], datetime] | None = None
+    dead_max_age: Duration | None = None
+    dead_max_count: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in (
+            "default_lease",
+            "poll_interval",
+            "reap_interval",
+            "purge_interval",
+            "stats_flush_interval",
+            "stats_prune_interval",
+            "default_ttl",
+        ):
+            seconds(getattr(self, name), f"Options.{name}", allow_zero=False)
+        if self.dead_max_age is not None:
+            seconds(self.dead_max_age, "Options.dead_max_age", allow_zero=False)
+        for name, low in (
+            ("default_max_attempts", 1),
+            ("max_in_flight", 1),
+            ("maintenance_batch", 1),
+            ("stats_retention_days", 1),
+            ("max_body_bytes", 0),
+        ):
+            check_int(getattr(self, name), f"Options.{name}", low)
+        if self.dead_max_count is not None:
+            check_int(self.dead_max_count, "Options.dead_max_count", 0)
+        if not isinstance(self.backoff, Backoff):
+            raise InvalidOption(
+                f"Options.backoff must be a novaque.Backoff, got {type(self.backoff).__name__}"
+            )
+        if self.clock is not None and not callable(self.clock):
+            raise InvalidOption("Options.clock must be a callable returning an aware datetime")
+
+
+def check_int(value: object, name: str, low: int, high: int | None = None) -> int:
+    """Return ``value`` if it is an int in ``[low, high]``, else raise InvalidOption."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidOption(f"{name} must be an integer, got {type(value).__name__}")
+    if value < low or (high is not None and value > high):
+        allowed = f">= {low}" if high is None else f"between {low} and {high}"
+        raise InvalidOption(f"{name} must be {allowed}, got {value}")
+    return value

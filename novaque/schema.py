@@ -1,0 +1,182 @@
+"""novaque's tables, declared once in SQLAlchemy Core.
+
+Alembic migrations in the top-level ``migrations/`` folder create exactly this
+schema (a test compares them on every backend). Times are stored as integer
+microseconds since the Unix epoch (UTC): exact, comparable and identical on
+every backend, with no naive-datetime or fractional-second pitfalls.
+
+Applications with their own Alembic environment either add :data:`metadata`
+to their ``target_metadata`` or keep novaque's tables out of their
+autogenerate with :func:`include_object` (see the guide).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
+
+__all__ = [
+    "DEAD_VISIBLE_AT",
+    "STATE_DEAD",
+    "STATE_LEASED",
+    "STATE_READY",
+    "channels",
+    "deliveries",
+    "include_object",
+    "messages",
+    "metadata",
+    "stats",
+    "topics",
+]
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+#: Delivery states stored in ``novaque_deliveries.state``.
+STATE_READY = 0  # waiting; "pending" while visible_at is in the future
+STATE_LEASED = 1  # claimed; visible_at is the lease expiry
+STATE_DEAD = 2  # dead letter; visible_at is DEAD_VISIBLE_AT
+
+#: ``visible_at`` of every dead delivery: far beyond any real time, so dead
+#: rows sit at the end of the claim index, outside every claim's range, and in
+#: delivery-id order for dead-letter listing.
+DEAD_VISIBLE_AT = 2**62
+
+# Names are case-sensitive everywhere: MySQL/MariaDB get a binary collation.
+Name = sa.String(200).with_variant(
+    mysql.VARCHAR(200, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
+)
+# Bodies up to Options.max_body_bytes (1 MiB by default): BLOB is 64 KiB on MySQL.
+Body = sa.LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
+# SQLite only makes INTEGER PRIMARY KEY an alias of the rowid.
+BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+Micros = sa.BigInteger  # microseconds since the Unix epoch, UTC
+
+_mysql_table: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4"}
+
+topics = sa.Table(
+    "novaque_topics",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("name", Name, nullable=False),
+    sa.Column("created_at", Micros, nullable=False),
+    sa.UniqueConstraint("name"),
+    **_mysql_table,
+)
+
+channels = sa.Table(
+    "novaque_channels",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column(
+        "topic_id", sa.Integer, sa.ForeignKey(topics.c.id, ondelete="CASCADE"), nullable=False
+    ),
+    sa.Column("name", Name, nullable=False),
+    sa.Column("created_at", Micros, nullable=False),
+    sa.Column("dead_max_age", Micros, nullable=True),  # microseconds
+    sa.Column("dead_max_count", sa.Integer, nullable=True),
+    sa.UniqueConstraint("topic_id", "name"),
+    **_mysql_table,
+)
+
+messages = sa.Table(
+    "novaque_messages",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column(
+        "topic_id", sa.Integer, sa.ForeignKey(topics.c.id, ondelete="CASCADE"), nullable=False
+    ),
+    sa.Column("body", Body, nullable=False),
+    sa.Column("headers", sa.Text, nullable=True),  # JSON object of str -> str, NULL when empty
+    sa.Column("published_at", Micros, nullable=False),
+    sa.Column("expires_at", Micros, nullable=False),
+    sa.Column("max_attempts", sa.Integer, nullable=False),
+    sa.Column("dedup_key", Name, nullable=True),
+    sa.UniqueConstraint("topic_id", "dedup_key"),
+    sa.Index(None, "topic_id", "published_at", "id"),
+    sa.Index(None, "expires_at"),
+    sqlite_autoincrement=True,
+    **_mysql_table,
+)
+
+deliveries = sa.Table(
+    "novaque_deliveries",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column(
+        "message_id",
+        BigId,
+        sa.ForeignKey(messages.c.id, ondelete="CASCADE"),
+        nullable=False,
+    ),
+    sa.Column(
+        "channel_id", sa.Integer, sa.ForeignKey(channels.c.id, ondelete="CASCADE"), nullable=False
+    ),
+    sa.Column("state", sa.SmallInteger, nullable=False),
+    # ready: when due; leased: lease expiry; dead: DEAD_VISIBLE_AT
+    sa.Column("visible_at", Micros, nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("max_attempts", sa.Integer, nullable=False),
+    sa.Column("lease_token", sa.String(32), nullable=True),
+    sa.Column("last_error", sa.Text, nullable=True),
+    sa.Column("dead_reason", sa.Text, nullable=True),
+    sa.Column("died_at", Micros, nullable=True),
+    # claim: one index range per channel, ordered; dead and delayed rows lie
+    # beyond "now" and cost nothing. Dead-letter listing reads its tail.
+    sa.Index("ix_novaque_deliveries_claim", "channel_id", "visible_at", "id"),
+    # backlog counts and the lease reaper, without touching the table.
+    sa.Index("ix_novaque_deliveries_state", "channel_id", "state", "visible_at"),
+    sa.Index(None, "message_id"),
+    sqlite_autoincrement=True,
+    **_mysql_table,
+)
+
+stats = sa.Table(
+    "novaque_stats",
+    metadata,
+    sa.Column(
+        "channel_id",
+        sa.Integer,
+        sa.ForeignKey(channels.c.id, ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("day", sa.Date, primary_key=True),  # UTC day
+    sa.Column("published", sa.BigInteger, nullable=False),
+    sa.Column("claimed", sa.BigInteger, nullable=False),
+    sa.Column("acked", sa.BigInteger, nullable=False),
+    sa.Column("requeued", sa.BigInteger, nullable=False),
+    sa.Column("dead", sa.BigInteger, nullable=False),
+    sa.Column("purged", sa.BigInteger, nullable=False),
+    **_mysql_table,
+)
+
+#: Counter columns of :data:`stats`, in :class:`novaque.Counters` order.
+COUNTER_COLUMNS = ("published", "claimed", "acked", "requeued", "dead", "purged")
+
+#: Alembic's version table for novaque's own history.
+VERSION_TABLE = "novaque_alembic_version"
+
+
+def include_object(
+    obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
+) -> bool:
+    """Alembic ``include_object`` hook that keeps novaque's tables out of an
+    application's autogenerate (and its version table too).
+
+    Pass it as ``context.configure(include_object=novaque.schema.include_object)``
+    in the application's ``env.py``; chain it with an existing hook if needed.
+    """
+    table_name = (
+        obj.table.name
+        if type_ in ("column", "index", "unique_constraint", "foreign_key_constraint")
+        else name
+    )
+    return not (table_name or "").startswith("novaque_")

@@ -1,0 +1,225 @@
+"""One backend-parametrized suite: every test that takes ``backend`` (or
+``client``) runs on SQLite, PostgreSQL and MySQL/MariaDB.
+
+Where the servers come from:
+- ``NOVAQUE_TEST_POSTGRES_URL`` / ``NOVAQUE_TEST_MYSQL_URL`` point at a server
+  (any database on it); the suite creates a private database there for the
+  session and drops it at the end, so several runs can share a server. A URL
+  that is set but unreachable fails the run: it never turns into a skip.
+- With neither set and a Docker engine available, ``testcontainers`` starts
+  both servers.
+- Otherwise those backends are skipped, with the reason printed.
+
+Each backend's database is migrated once per session; every test then starts
+from empty tables (rows deleted, schema kept), which keeps the suite fast.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import novaque
+from novaque import schema
+
+BACKENDS = ("sqlite", "postgres", "mysql")
+ENV = {"postgres": "NOVAQUE_TEST_POSTGRES_URL", "mysql": "NOVAQUE_TEST_MYSQL_URL"}
+
+
+class FakeClock:
+    """An injectable clock: starts at the real time and moves only when told."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._now = start or datetime.now(timezone.utc)
+        self._lock = threading.Lock()
+
+    def __call__(self) -> datetime:
+        with self._lock:
+            return self._now
+
+    def advance(self, seconds: float = 0, **delta: float) -> datetime:
+        with self._lock:
+            self._now += timedelta(seconds=seconds, **delta)
+            return self._now
+
+    def set(self, moment: datetime) -> None:
+        with self._lock:
+            self._now = moment
+
+
+@dataclass
+class Backend:
+    """A migrated database of one backend, shared by the session's tests."""
+
+    name: str
+    url: str
+    server_url: str | None = None
+    engines: list[sa.Engine] = field(default_factory=list)
+    clients: list[novaque.Client] = field(default_factory=list)
+    _scratch: list[Callable[[], None]] = field(default_factory=list)
+
+    def engine(self, url: str | None = None) -> sa.Engine:
+        """A plain application-style engine (what users pass to ``Client``)."""
+        engine = sa.create_engine(url or self.url)
+        self.engines.append(engine)
+        return engine
+
+    def client(self, **options: Any) -> novaque.Client:
+        made = novaque.Client(self.engine(), novaque.Options(**options))
+        self.clients.append(made)
+        return made
+
+    def release(self) -> None:
+        """Close what one test opened (the session's database stays)."""
+        for made in self.clients:
+            shutdown = getattr(made, "shutdown", None)
+            if shutdown is not None:
+                shutdown(timeout=10)
+            if made._dialect.engine is not made.engine:
+                made._dialect.engine.dispose()
+        for engine in self.engines:
+            engine.dispose()
+        self.clients.clear()
+        self.engines.clear()
+
+    def scratch_url(self, tmp_path: Path) -> str:
+        """A fresh, empty database of this backend (dropped at session end)."""
+        if self.name == "sqlite":
+            return f"sqlite:///{tmp_path / ('scratch-' + secrets.token_hex(4) + '.db')}"
+        assert self.server_url is not None
+        url, drop = _create_database(self.name, self.server_url)
+        self._scratch.append(drop)
+        return url
+
+    def close(self) -> None:
+        self.release()
+        for drop in self._scratch:
+            drop()
+
+
+def _create_database(name: str, server_url: str) -> tuple[str, Callable[[], None]]:
+    db = f"novaque_t_{secrets.token_hex(5)}"
+    server = sa.make_url(server_url)
+    admin = sa.create_engine(server, isolation_level="AUTOCOMMIT")
+    quote = '"' if name == "postgres" else "`"
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE {quote}{db}{quote}")
+
+    def drop() -> None:
+        with admin.connect() as conn:
+            if name == "postgres":
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+            else:
+                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{db}`")
+        admin.dispose()
+
+    return server.set(database=db).render_as_string(hide_password=False), drop
+
+
+def _docker_available() -> bool:
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        docker.from_env().ping()
+        return True
+    except Exception:
+        return False
+
+
+_containers: dict[str, Any] = {}
+
+
+def _server_url(name: str) -> tuple[str | None, str]:
+    """The server URL for a backend, or None with the reason it is skipped."""
+    configured = os.environ.get(ENV[name])
+    if configured:
+        engine = sa.create_engine(configured)
+        try:
+            with engine.connect():
+                pass
+        except Exception as exc:
+            pytest.fail(
+                f"{ENV[name]} is set to {configured!r} but the server is unreachable: "
+                f"{type(exc).__name__}: {exc}"
+            )
+        finally:
+            engine.dispose()
+        return configured, ""
+    if any(os.environ.get(v) for v in ENV.values()) or not _docker_available():
+        return None, (
+            f"{name}: set {ENV[name]} (or run with Docker for testcontainers) to test this backend"
+        )
+    if name == "postgres":
+        from testcontainers.postgres import PostgresContainer
+
+        container: Any = PostgresContainer("postgres:16", driver="psycopg")
+    else:
+        from testcontainers.mysql import MySqlContainer
+
+        container = MySqlContainer("mariadb:11", dialect="pymysql")
+    container.start()
+    _containers[name] = container
+    return container.get_connection_url(), ""
+
+
+@pytest.fixture(scope="session")
+def _backends(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Backend]]:
+    made: dict[str, Backend] = {}
+    yield made
+    for backend in made.values():
+        backend.close()
+    for container in _containers.values():
+        container.stop()
+
+
+def _make_backend(name: str, made: dict[str, Backend], tmp: Path) -> Backend:
+    if name in made:
+        return made[name]
+    if name == "sqlite":
+        backend = Backend("sqlite", f"sqlite:///{tmp / 'novaque-test.db'}")
+    else:
+        server, reason = _server_url(name)
+        if server is None:
+            pytest.skip(reason)
+        url, drop = _create_database(name, server)
+        backend = Backend(name, url, server_url=server)
+        backend._scratch.append(drop)
+    backend.client().migrate()
+    backend.release()
+    made[name] = backend
+    return backend
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(
+    request: pytest.FixtureRequest,
+    _backends: dict[str, Backend],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Backend]:
+    """Each backend in turn, its tables emptied for the test."""
+    made = _make_backend(request.param, _backends, tmp_path_factory.getbasetemp())
+    with made.engine().begin() as conn:
+        for table in reversed(schema.metadata.sorted_tables):
+            conn.execute(table.delete())
+    yield made
+    made.release()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def client(backend: Backend, clock: FakeClock) -> novaque.Client:
+    """A client on the backend with the fake clock (closed by ``backend``)."""
+    return backend.client(clock=clock)

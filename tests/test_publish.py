@@ -1,0 +1,148 @@
+"""Publishing: fan-out, late channels, bodies, transactional publish."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+from tests.conftest import Backend
+
+import novaque
+
+
+def drain(client: novaque.Client, topic: str, channel: str) -> list[novaque.Message]:
+    got: list[novaque.Message] = []
+    while batch := client.claim(topic, channel, max_messages=100):
+        got.extend(batch)
+        client.ack_many(batch)
+    return got
+
+
+def test_fan_out_gives_every_channel_its_own_copy(client: novaque.Client) -> None:
+    for channel in ("a", "b", "c"):
+        client.ensure_channel("events", channel)
+    ids = [client.publish("events", f"m{i}") for i in range(5)]
+    for channel in ("a", "b", "c"):
+        got = drain(client, "events", channel)
+        assert [m.id for m in got] == ids
+        assert [m.body for m in got] == [f"m{i}".encode() for i in range(5)]
+        assert {m.channel for m in got} == {channel}
+
+
+def test_late_channel_does_not_see_earlier_messages(client: novaque.Client) -> None:
+    client.ensure_channel("events", "early")
+    first = client.publish("events", b"before")
+    client.ensure_channel("events", "late")
+    second = client.publish("events", b"after")
+    assert [m.id for m in drain(client, "events", "early")] == [first, second]
+    assert [m.id for m in drain(client, "events", "late")] == [second]
+
+
+def test_publish_to_a_topic_without_channels_keeps_the_message(client: novaque.Client) -> None:
+    message_id = client.publish("lonely", b"x")
+    assert client.list_topics() == ["lonely"]
+    assert client.list_channels("lonely") == []
+    assert message_id > 0
+
+
+def test_bodies_are_byte_exact(client: novaque.Client) -> None:
+    client.ensure_channel("bin", "c")
+    limit = client.options.max_body_bytes
+    bodies = [b"", os.urandom(1000), bytes(range(256)) * 4, os.urandom(limit), "héllo ✓"]
+    ids = [client.publish("bin", body) for body in bodies]
+    got = drain(client, "bin", "c")
+    assert [m.id for m in got] == ids
+    assert [m.body for m in got] == [b if isinstance(b, bytes) else b.encode() for b in bodies]
+
+
+def test_publish_many_returns_ids_in_order_and_fans_out(client: novaque.Client) -> None:
+    client.ensure_channel("bulk", "x")
+    client.ensure_channel("bulk", "y")
+    bodies = [f"b{i}".encode() for i in range(250)]
+    ids = client.publish_many("bulk", bodies, headers={"kind": "test"})
+    assert len(ids) == 250
+    assert ids == sorted(ids)
+    assert len(set(ids)) == 250
+    for channel in ("x", "y"):
+        got = drain(client, "bulk", channel)
+        assert [(m.id, m.body) for m in got] == list(zip(ids, bodies, strict=True))
+        assert all(m.headers == {"kind": "test"} for m in got)
+    assert client.publish_many("bulk", []) == []
+
+
+def test_headers_round_trip_and_default_to_empty(client: novaque.Client) -> None:
+    client.ensure_channel("h", "c")
+    client.publish("h", b"1", headers={"trace": "abc", "ünï": "✓"})
+    client.publish("h", b"2")
+    first, second = drain(client, "h", "c")
+    assert first.headers == {"trace": "abc", "ünï": "✓"}
+    assert second.headers == {}
+
+
+def test_transactional_publish_with_connection(backend: Backend, client: novaque.Client) -> None:
+    client.ensure_channel("orders", "mailer")
+    engine = backend.engine()
+    with engine.connect() as conn:
+        with conn.begin():
+            client.publish("orders", b"rolled back", connection=conn)
+            conn.rollback()
+        with conn.begin():
+            kept = client.publish("orders", b"committed", connection=conn)
+    got = drain(client, "orders", "mailer")
+    assert [(m.id, m.body) for m in got] == [(kept, b"committed")]
+
+
+def test_transactional_publish_with_orm_session(backend: Backend, client: novaque.Client) -> None:
+    client.ensure_channel("orders", "mailer")
+    engine = backend.engine()
+    with Session(engine) as session:
+        client.publish("orders", b"nope", session=session)
+        session.rollback()
+        kept = client.publish("orders", b"yes", session=session)
+        client.publish_many("orders", [b"yes too"], session=session)
+        session.commit()
+    got = drain(client, "orders", "mailer")
+    assert [m.body for m in got] == [b"yes", b"yes too"]
+    assert got[0].id == kept
+
+
+def test_transactional_publish_commits_with_the_applications_own_rows(
+    backend: Backend, client: novaque.Client
+) -> None:
+    client.ensure_channel("orders", "mailer")
+    engine = backend.engine()
+    app = sa.MetaData()
+    orders = sa.Table("app_orders", app, sa.Column("id", sa.Integer, primary_key=True))
+    app.create_all(engine)
+    try:
+        with engine.begin() as conn:
+            conn.execute(orders.insert().values(id=1))
+            client.publish("orders", b"order 1 saved", connection=conn)
+
+        def failing_order() -> None:
+            with engine.begin() as conn:
+                conn.execute(orders.insert().values(id=2))
+                client.publish("orders", b"order 2 saved", connection=conn)
+                raise RuntimeError("the application fails after publishing")
+
+        with pytest.raises(RuntimeError):
+            failing_order()
+        with engine.connect() as conn:
+            assert conn.execute(sa.select(orders.c.id)).scalars().all() == [1]
+        assert [m.body for m in drain(client, "orders", "mailer")] == [b"order 1 saved"]
+    finally:
+        app.drop_all(engine)
+
+
+def test_publish_rejects_connection_and_session_together(
+    backend: Backend, client: novaque.Client
+) -> None:
+    engine = backend.engine()
+    with (
+        engine.connect() as conn,
+        Session(engine) as session,
+        pytest.raises(novaque.InvalidOption, match="either connection or session"),
+    ):
+        client.publish("t", b"x", connection=conn, session=session)
