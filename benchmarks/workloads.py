@@ -1,0 +1,368 @@
+"""The workloads W1a-W6 on novaque (the floor's side lives in ``floor.py``).
+
+Each function measures one run and returns a :class:`Run`; setup (publishing
+the messages a drain will consume, loading W4's backlog) happens before the
+clock starts. Every run stops at its :class:`Deadline` and then reports how
+far it got.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+
+import novaque
+from benchmarks._common import Deadline, Run, Sizes, age_ms, body, stamped_body
+from benchmarks._databases import Database, close_client
+from novaque import schema
+
+TOPIC = "bench"
+CHANNEL = "work"
+
+
+def make_client(
+    db: Database, sizes: Sizes, *, start: bool = True, **options: Any
+) -> novaque.Client:
+    """A client as an application would make one (``novaque.connect``), started."""
+    options.setdefault("max_in_flight", sizes.max_in_flight)
+    options.setdefault("poll_interval", sizes.poll_interval_s)
+    client = novaque.connect(db.url, **options)
+    if start and hasattr(client, "start"):
+        client.start()
+    return client
+
+
+def consumer_kind(client: novaque.Client) -> str:
+    return "subscribe" if hasattr(client, "subscribe") else "claim-loop (temporary stand-in)"
+
+
+class _ClaimLoop:
+    """Temporary stand-in for ``Client.subscribe`` until the runtime lands on main.
+
+    Claims up to ``max_in_flight``, runs the handler on each, acks the batch.
+    Only for developing the harness: reported figures use ``subscribe``.
+    """
+
+    def __init__(
+        self,
+        client: novaque.Client,
+        topic: str,
+        channel: str,
+        handler: Callable[[novaque.Message], None],
+        max_in_flight: int,
+        poll_interval: float,
+    ) -> None:
+        self._stop = threading.Event()
+
+        def loop() -> None:
+            idle = 0.001
+            while not self._stop.is_set():
+                msgs = client.claim(topic, channel, max_messages=max_in_flight)
+                if not msgs:
+                    self._stop.wait(idle)
+                    idle = min(poll_interval, idle * 2)
+                    continue
+                idle = 0.001
+                for msg in msgs:
+                    handler(msg)
+                client.ack_many(msgs)
+
+        self._thread = threading.Thread(target=loop, name="bench-claim-loop", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 10) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+
+def start_consumer(
+    client: novaque.Client,
+    handler: Callable[[novaque.Message], None],
+    sizes: Sizes,
+    *,
+    topic: str = TOPIC,
+    channel: str = CHANNEL,
+) -> Any:
+    """A started consumer of ``topic``/``channel`` with ``max_in_flight`` workers."""
+    subscribe = getattr(client, "subscribe", None)
+    if subscribe is not None:
+        consumer = subscribe(
+            topic,
+            channel,
+            handler,
+            max_in_flight=sizes.max_in_flight,
+            poll_interval=sizes.poll_interval_s,
+        )
+    else:
+        consumer = _ClaimLoop(
+            client, topic, channel, handler, sizes.max_in_flight, sizes.poll_interval_s
+        )
+    consumer.start()
+    return consumer
+
+
+def prefill(client: novaque.Client, n: int, *, topic: str = TOPIC, batch: int = 1000) -> None:
+    """Publish ``n`` messages with ``publish_many`` (setup, not timed)."""
+    for start in range(0, n, batch):
+        client.publish_many(topic, [body(i) for i in range(start, min(n, start + batch))])
+
+
+# -- W1a / W1b / W6: publishing -------------------------------------------------------
+
+
+def publish_singles(db: Database, sizes: Sizes, deadline: Deadline) -> Run:
+    """W1a: ``publish`` one message per transaction, to a topic with one channel."""
+    client = make_client(db, sizes)
+    try:
+        client.ensure_channel(TOPIC, CHANNEL)
+        bodies = [body(i) for i in range(sizes.w1a_messages)]
+        client.publish(TOPIC, bodies[0])  # first use: schema check, topic id cached
+        done = 0
+        started = time.perf_counter()
+        for data in bodies:
+            if deadline.passed():
+                break
+            client.publish(TOPIC, data)
+            done += 1
+        return Run(done, len(bodies), time.perf_counter() - started)
+    finally:
+        close_client(client)
+
+
+def publish_batches(
+    db: Database, sizes: Sizes, deadline: Deadline, *, n: int | None = None, channels: int = 1
+) -> Run:
+    """W1b (one channel) and W6 (``channels`` channels): ``publish_many`` in batches."""
+    total = sizes.w1b_messages if n is None else n
+    client = make_client(db, sizes)
+    try:
+        for c in range(channels):
+            client.ensure_channel(TOPIC, f"{CHANNEL}{c}" if channels > 1 else CHANNEL)
+        client.publish(TOPIC, body(0))
+        batches = [
+            [body(i) for i in range(s, min(total, s + sizes.batch))]
+            for s in range(0, total, sizes.batch)
+        ]
+        done = 0
+        started = time.perf_counter()
+        for chunk in batches:
+            if deadline.passed():
+                break
+            client.publish_many(TOPIC, chunk)
+            done += len(chunk)
+        return Run(done, total, time.perf_counter() - started, extra={"channels": channels})
+    finally:
+        close_client(client)
+
+
+def fanout(db: Database, sizes: Sizes, deadline: Deadline) -> Run:
+    """W6: topic with ``w6_channels`` channels, publish in batches of ``batch``."""
+    return publish_batches(db, sizes, deadline, n=sizes.w6_messages, channels=sizes.w6_channels)
+
+
+# -- W2 / W4: draining ----------------------------------------------------------------
+
+
+def drain(
+    db: Database, sizes: Sizes, deadline: Deadline, *, topic: str = TOPIC, prefilled: bool = False
+) -> Run:
+    """W2 (and W4 on a channel with a backlog): one process drains ``w2_messages``.
+
+    The clock runs from ``consumer.start()`` to the return of the handler of
+    the last message; the acks still buffered then are flushed by
+    ``shutdown`` (timed separately), and the run checks none is left.
+    """
+    n = sizes.w2_messages
+    client = make_client(db, sizes)
+    try:
+        client.ensure_channel(topic, CHANNEL)
+        if not prefilled:
+            prefill(client, n, topic=topic)
+        counter = itertools.count(1)
+        handled = 0
+        finished = threading.Event()
+        last = [0.0]
+
+        def handler(msg: novaque.Message) -> None:
+            nonlocal handled
+            handled = next(counter)
+            if handled >= n:
+                last[0] = time.perf_counter()
+                finished.set()
+
+        started = time.perf_counter()
+        consumer = start_consumer(client, handler, sizes, topic=topic)
+        finished.wait(deadline.left())
+        ended = last[0] if finished.is_set() else time.perf_counter()
+        done = handled
+        t0 = time.perf_counter()
+        consumer.shutdown(timeout=10)
+        shutdown_s = time.perf_counter() - t0
+        left = _ready_left(client, topic)
+        return Run(
+            min(done, n),
+            n,
+            ended - started,
+            extra={
+                "shutdown_s": round(shutdown_s, 4),
+                "left_after": left,
+                "consumer": consumer_kind(client),
+            },
+        )
+    finally:
+        close_client(client)
+
+
+def _ready_left(client: novaque.Client, topic: str) -> int:
+    """Deliveries of ``topic`` still ready or leased (W4's dead and delayed rows excluded)."""
+    d, c, t = schema.deliveries, schema.channels, schema.topics
+    soon = time.time_ns() // 1000 + 86_400_000_000  # W4's delayed rows are 30 days out
+    with client.engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.select(sa.func.count())
+                .select_from(d)
+                .join(c, c.c.id == d.c.channel_id)
+                .join(t, t.c.id == c.c.topic_id)
+                .where(t.c.name == topic, d.c.state != schema.STATE_DEAD, d.c.visible_at <= soon)
+            ).scalar_one()
+        )
+
+
+def load_backlog(db: Database, sizes: Sizes, topic: str) -> float:
+    """W4 setup: ``w4_backlog`` dead and delayed deliveries on ``topic``'s channel.
+
+    Bulk ``INSERT ... SELECT`` of a 1,000-row number table cross-joined with
+    1,000 real messages, in chunks of 100,000 rows, so a million rows load in
+    seconds. Half the rows are dead (``visible_at = DEAD_VISIBLE_AT``), half
+    delayed by 30 days. Each of the 1,000 messages carries up to 1,000 of
+    these deliveries: the claim path reads deliveries through their index and
+    joins messages by primary key, so what a backlog could cost lies in
+    ``novaque_deliveries``, which holds every one of the rows. Returns the
+    seconds the load took.
+    """
+    started = time.perf_counter()
+    client = make_client(db, sizes, start=False)
+    try:
+        client.ensure_channel(topic, CHANNEL)
+        n_msgs = min(1000, sizes.w4_backlog)
+        per = min(1000, -(-sizes.w4_backlog // n_msgs))
+        prefill(client, n_msgs, topic=topic)
+        d, m, t, c = schema.deliveries, schema.messages, schema.topics, schema.channels
+        with client.engine.begin() as conn:
+            topic_id = conn.execute(sa.select(t.c.id).where(t.c.name == topic)).scalar_one()
+            channel_id = conn.execute(
+                sa.select(c.c.id).where(c.c.topic_id == topic_id)
+            ).scalar_one()
+            msg_ids = [
+                r[0] for r in conn.execute(sa.select(m.c.id).where(m.c.topic_id == topic_id))
+            ]
+            # prefill made one ready delivery per message: not part of the backlog.
+            conn.execute(sa.delete(d).where(d.c.channel_id == channel_id))
+            conn.exec_driver_sql("CREATE TABLE bench_seq (n INTEGER PRIMARY KEY)")
+            conn.execute(
+                sa.text("INSERT INTO bench_seq (n) VALUES (:n)"), [{"n": i} for i in range(per)]
+            )
+            conn.exec_driver_sql("CREATE TABLE bench_msg (k INTEGER PRIMARY KEY, id BIGINT)")
+            conn.execute(
+                sa.text("INSERT INTO bench_msg (k, id) VALUES (:k, :id)"),
+                [{"k": k, "id": i} for k, i in enumerate(msg_ids)],
+            )
+        now_us = time.time_ns() // 1000
+        delayed_at = now_us + 30 * 86_400 * 1_000_000
+        odd = "(b.n + bm.k) % 2 = 1"
+        step = max(1, 100_000 // per)  # messages per chunk
+        for first in range(0, n_msgs, step):
+            with client.engine.begin() as conn:
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO novaque_deliveries (message_id, channel_id, state, "
+                        "visible_at, attempts, max_attempts, dead_reason, died_at) "
+                        f"SELECT bm.id, {channel_id}, "
+                        f"CASE WHEN {odd} THEN {schema.STATE_DEAD} ELSE {schema.STATE_READY} END, "
+                        f"CASE WHEN {odd} THEN {schema.DEAD_VISIBLE_AT} ELSE {delayed_at} END, "
+                        f"CASE WHEN {odd} THEN 5 ELSE 0 END, 5, "
+                        f"CASE WHEN {odd} THEN 'max_attempts' ELSE NULL END, "
+                        f"CASE WHEN {odd} THEN {now_us} ELSE NULL END "
+                        "FROM bench_msg bm CROSS JOIN bench_seq b "
+                        f"WHERE bm.k >= {first} AND bm.k < {first + step}"
+                    )
+                )
+        with client.engine.begin() as conn:
+            conn.exec_driver_sql("DROP TABLE bench_seq")
+            conn.exec_driver_sql("DROP TABLE bench_msg")
+        if db.backend == "postgres":
+            with client.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                conn.exec_driver_sql("VACUUM ANALYZE")
+        else:
+            with client.engine.begin() as conn:
+                conn.exec_driver_sql(
+                    "ANALYZE TABLE novaque_deliveries" if db.backend == "mysql" else "ANALYZE"
+                )
+    finally:
+        close_client(client)
+    return time.perf_counter() - started
+
+
+# -- W3: latency ----------------------------------------------------------------------
+
+
+def latency(db: Database, sizes: Sizes, deadline: Deadline) -> Run:
+    """W3: an idle consumer; ``w3_messages`` publishes ``w3_interval_s`` apart.
+
+    The publisher is a second client (its own engine), so the consumer learns
+    of each message as one in another process would: by NOTIFY on PostgreSQL,
+    by polling elsewhere (a publish through the consumer's own client would
+    wake it directly, in-process).
+    """
+    n = sizes.w3_messages
+    client = make_client(db, sizes)
+    publisher = make_client(db, sizes, start=False)
+    latencies: list[float] = []
+    lock = threading.Lock()
+    try:
+        client.ensure_channel(TOPIC, CHANNEL)
+        publisher.publish(TOPIC, body(0))
+        for msg in client.claim(TOPIC, CHANNEL, max_messages=10):  # warm: schema, channel id
+            client.ack(msg)
+
+        def handler(msg: novaque.Message) -> None:
+            ms = age_ms(msg.body)
+            with lock:
+                latencies.append(ms)
+
+        consumer = start_consumer(client, handler, sizes)
+        with lock:
+            latencies.clear()  # the warm-up message, if the claim above missed it
+        time.sleep(max(0.3, 2 * sizes.poll_interval_s))  # let the consumer go idle
+        with lock:
+            latencies.clear()
+        sent = 0
+        started = time.perf_counter()
+        for i in range(n):
+            if deadline.passed():
+                break
+            pause = started + i * sizes.w3_interval_s - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+            publisher.publish(TOPIC, stamped_body())
+            sent += 1
+        while len(latencies) < sent and not deadline.passed():
+            time.sleep(0.005)
+        elapsed = time.perf_counter() - started
+        consumer.shutdown(timeout=10)
+        with lock:
+            got = list(latencies)
+        return Run(
+            len(got), n, elapsed, latencies_ms=got, extra={"consumer": consumer_kind(client)}
+        )
+    finally:
+        close_client(publisher)
+        close_client(client)
