@@ -13,6 +13,7 @@ import secrets
 import shutil
 import sqlite3
 import tempfile
+import time
 from typing import Any
 
 import sqlalchemy as sa
@@ -53,8 +54,17 @@ class Database:
         server = sa.make_url(os.environ.get(ENV[backend]) or DEFAULT_URLS[backend])
         self._admin = sa.create_engine(server, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
         quote = '"' if backend == "postgres" else "`"
-        with self._admin.connect() as conn:
-            conn.exec_driver_sql(f"CREATE DATABASE {quote}{self._name}{quote}")
+        for attempt in range(10):
+            try:
+                with self._admin.connect() as conn:
+                    conn.exec_driver_sql(f"CREATE DATABASE {quote}{self._name}{quote}")
+                break
+            except sa.exc.OperationalError:
+                # PostgreSQL refuses while another session (a test run next door
+                # creating its own database) uses template1: wait and try again.
+                if attempt == 9:
+                    raise
+                time.sleep(0.5 + attempt * 0.5)
         self.url = server.set(database=self._name).render_as_string(hide_password=False)
 
     @property

@@ -57,11 +57,6 @@ _channel_ids = (
     .where(topics.c.name == sa.bindparam("p_topic"), channels.c.name == sa.bindparam("p_channel"))
 )
 _topic_id = sa.select(topics.c.id).where(topics.c.name == sa.bindparam("p_topic"))
-_channels_of_topic = (
-    sa.select(channels.c.id)
-    .where(channels.c.topic_id == sa.bindparam("p_topic_id"))
-    .order_by(channels.c.id)
-)
 _requeue = (
     sa.update(d)
     .where(d.c.id == sa.bindparam("p_id"), d.c.lease_token == sa.bindparam("p_token"))
@@ -322,6 +317,12 @@ class CoreClient:
         assert topic_id is not None
         for row in rows:
             row["topic_id"] = topic_id
+        if all(row["dedup_key"] is None for row in rows):
+            fields = {k: v for k, v in rows[0].items() if k not in ("body", "dedup_key")}
+            new_ids, channel_counts = self._dialect.publish_plain(
+                conn, topic, fields, [row["body"] for row in rows], visible
+            )
+            return new_ids, Counter(channel_counts)
         ids: list[int | None] = [None] * len(rows)
         fresh: list[int] = []  # ids of the messages really inserted
         plain = [i for i, row in enumerate(rows) if row["dedup_key"] is None]
@@ -340,25 +341,11 @@ class CoreClient:
                     fresh.append(ids[i])  # type: ignore[arg-type]
         fanout: Counter[int] = Counter()
         if fresh:
-            channel_ids = [r[0] for r in conn.execute(_channels_of_topic, {"p_topic_id": topic_id})]
-            if channel_ids:
-                conn.execute(
-                    sa.insert(d),
-                    [
-                        {
-                            "message_id": mid,
-                            "channel_id": cid,
-                            "state": STATE_READY,
-                            "visible_at": visible,
-                            "attempts": 0,
-                            "max_attempts": rows[0]["max_attempts"],
-                        }
-                        for mid in fresh
-                        for cid in channel_ids
-                    ],
+            fanout.update(
+                self._dialect.fan_out(
+                    conn, topic, topic_id, fresh, visible, rows[0]["max_attempts"]
                 )
-                fanout.update({cid: len(fresh) for cid in channel_ids})
-                self._dialect.notify(conn, topic)
+            )
         return [int(i) for i in ids if i is not None], fanout
 
     def _insert_deduplicated(self, conn: sa.Connection, row: dict[str, Any]) -> tuple[int, bool]:

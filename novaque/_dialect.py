@@ -32,6 +32,8 @@ from novaque.errors import UnsupportedDatabase
 from novaque.schema import (
     COUNTER_COLUMNS,
     STATE_LEASED,
+    STATE_READY,
+    channels,
     deliveries,
     messages,
     stats,
@@ -89,6 +91,11 @@ _claim_update_returning = (
 )
 _message_fields = sa.select(m.c.id, m.c.body, m.c.headers, m.c.published_at).where(
     m.c.id.in_(sa.bindparam("p_ids", expanding=True))
+)
+_channels_of_topic = (
+    sa.select(channels.c.id)
+    .where(channels.c.topic_id == sa.bindparam("p_topic_id"))
+    .order_by(channels.c.id)
 )
 _ack_delete_returning = (
     sa.delete(d)
@@ -160,6 +167,56 @@ class Dialect:
             return [_inserted_id(conn.execute(sa.insert(m), rows[0]))]
         result = conn.execute(sa.insert(m).returning(m.c.id, sort_by_parameter_order=True), rows)
         return [int(row[0]) for row in result]
+
+    def publish_plain(
+        self,
+        conn: sa.Connection,
+        topic: str,
+        fields: dict[str, Any],
+        bodies: list[bytes],
+        visible: int,
+    ) -> tuple[list[int], dict[int, int]]:
+        """Insert messages without dedup keys and one delivery per channel of the topic.
+
+        ``fields`` holds the columns every message shares (``topic_id``,
+        ``headers``, ``published_at``, ``expires_at``, ``max_attempts``).
+        Returns the message ids in the order of ``bodies`` and the number of
+        deliveries written per channel id; wakes listeners when there are any.
+        """
+        ids = self.insert_messages(conn, [{**fields, "body": b, "dedup_key": None} for b in bodies])
+        counts = self.fan_out(conn, topic, fields["topic_id"], ids, visible, fields["max_attempts"])
+        return ids, counts
+
+    def fan_out(
+        self,
+        conn: sa.Connection,
+        topic: str,
+        topic_id: int,
+        message_ids: list[int],
+        visible: int,
+        max_attempts: int,
+    ) -> dict[int, int]:
+        """One delivery per (message, channel the topic has now); the count per channel."""
+        channel_ids = [r[0] for r in conn.execute(_channels_of_topic, {"p_topic_id": topic_id})]
+        if not channel_ids:
+            return {}
+        conn.execute(
+            sa.insert(d),
+            [
+                {
+                    "message_id": mid,
+                    "channel_id": cid,
+                    "state": STATE_READY,
+                    "visible_at": visible,
+                    "attempts": 0,
+                    "max_attempts": max_attempts,
+                }
+                for mid in message_ids
+                for cid in channel_ids
+            ],
+        )
+        self.notify(conn, topic)
+        return {cid: len(message_ids) for cid in channel_ids}
 
     def notify(self, conn: sa.Connection, topic: str) -> None:
         """Wake listening consumers of ``topic`` when the transaction commits."""
@@ -296,6 +353,53 @@ class PostgresDialect(Dialect):
 
     def notify(self, conn: sa.Connection, topic: str) -> None:
         conn.execute(sa.select(sa.func.pg_notify(NOTIFY_CHANNEL, topic)))
+
+    # One statement does the whole publish: the messages from an array of
+    # bodies (in order, so their ids ascend with it), one delivery per
+    # (message, channel the topic has when the statement starts), the count per
+    # channel for the stats, and NOTIFY when deliveries were written.
+    _publish = sa.text(
+        f"""
+        WITH msg AS (
+            INSERT INTO {m.name} (topic_id, body, headers, published_at, expires_at, max_attempts)
+            SELECT :topic_id, u.body, CAST(:headers AS TEXT), :published_at, :expires_at,
+                   :max_attempts
+            FROM unnest(CAST(:bodies AS BYTEA[])) WITH ORDINALITY AS u(body, n)
+            ORDER BY u.n
+            RETURNING id
+        ), dl AS (
+            INSERT INTO {d.name} (message_id, channel_id, state, visible_at, attempts,
+                                  max_attempts)
+            SELECT msg.id, c.id, {STATE_READY}, :visible, 0, :max_attempts
+            FROM msg CROSS JOIN {channels.name} c
+            WHERE c.topic_id = :topic_id
+            ORDER BY msg.id, c.id
+            RETURNING channel_id
+        ), fan AS (
+            SELECT channel_id, count(*) AS n FROM dl GROUP BY channel_id
+        )
+        SELECT ARRAY(SELECT id FROM msg ORDER BY id),
+               ARRAY(SELECT channel_id FROM fan ORDER BY channel_id),
+               ARRAY(SELECT n FROM fan ORDER BY channel_id),
+               CASE WHEN EXISTS (SELECT 1 FROM dl)
+                    THEN pg_notify('{NOTIFY_CHANNEL}', :topic) END
+        """
+    )
+
+    def publish_plain(
+        self,
+        conn: sa.Connection,
+        topic: str,
+        fields: dict[str, Any],
+        bodies: list[bytes],
+        visible: int,
+    ) -> tuple[list[int], dict[int, int]]:
+        row = conn.execute(
+            self._publish, {**fields, "bodies": bodies, "visible": visible, "topic": topic}
+        ).one()
+        return [int(i) for i in row[0]], {
+            int(c): int(n) for c, n in zip(row[1], row[2], strict=True)
+        }
 
     def claim(
         self, conn: sa.Connection, channel_id: int, limit: int, now: int, until: int, token: str
