@@ -639,16 +639,17 @@ class CoreClient:
         for msg in msgs:
             by_token.setdefault(msg.lease_token, []).append(msg.delivery_id)
 
-        def write(conn: sa.Connection) -> tuple[set[int], int]:
-            done: set[int] = set()
+        def write(conn: sa.Connection) -> tuple[set[tuple[int, str]], int]:
+            done: set[tuple[int, str]] = set()
             for token, ids in by_token.items():
-                done |= self._dialect.delete_leased(conn, sorted(ids), token)
+                deleted = self._dialect.delete_leased(conn, sorted(ids), token)
+                done.update((delivery_id, token) for delivery_id in deleted)
             return done, self._now()
 
         done, now = self._run(write)
-        acked = Counter(msg.channel_id for msg in msgs if msg.delivery_id in done)
-        self._stats.add("acked", day_of(now), acked)
-        return [msg for msg in msgs if msg.delivery_id not in done]
+        acked = [msg for msg in msgs if (msg.delivery_id, msg.lease_token) in done]
+        self._stats.add("acked", day_of(now), Counter(msg.channel_id for msg in acked))
+        return [msg for msg in msgs if (msg.delivery_id, msg.lease_token) not in done]
 
     def requeue(
         self,
