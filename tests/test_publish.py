@@ -7,9 +7,9 @@ import os
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
-from tests.conftest import Backend
 
 import novaque
+from tests.conftest import Backend
 
 
 def drain(client: novaque.Client, topic: str, channel: str) -> list[novaque.Message]:
