@@ -115,16 +115,18 @@ class Dialect:
 
     # -- set-up -----------------------------------------------------------------
 
-    def check_floor(self, conn: sa.Connection) -> None:
+    @classmethod
+    def check_floor(cls, conn: sa.Connection) -> None:
         version = tuple(conn.dialect.server_version_info or ())
-        if version < self.floor:
+        if version < cls.floor:
             raise UnsupportedDatabase(
-                f"{self.label(conn)} {_dotted(version)} is too old: novaque needs "
-                f"{self.label(conn)} >= {_dotted(self.floor)}"
+                f"{cls.label(conn)} {_dotted(version)} is too old: novaque needs "
+                f"{cls.label(conn)} >= {_dotted(cls.floor)}"
             )
 
-    def label(self, conn: sa.Connection) -> str:
-        return self.name
+    @classmethod
+    def label(cls, conn: sa.Connection) -> str:
+        return cls.name
 
     def db_now_us(self, conn: sa.Connection) -> int | None:
         """The server clock in epoch microseconds, or None to use the local clock."""
@@ -342,10 +344,12 @@ class MySQLDialect(Dialect):
     )
     _delete_ids = sa.delete(d).where(d.c.id.in_(sa.bindparam("p_ids", expanding=True)))
 
-    def label(self, conn: sa.Connection) -> str:
+    @classmethod
+    def label(cls, conn: sa.Connection) -> str:
         return "MariaDB" if getattr(conn.dialect, "is_mariadb", False) else "MySQL"
 
-    def check_floor(self, conn: sa.Connection) -> None:
+    @classmethod
+    def check_floor(cls, conn: sa.Connection) -> None:
         if getattr(conn.dialect, "is_mariadb", False):
             version = tuple(conn.dialect.server_version_info or ())
             if version < (10, 6):
@@ -442,9 +446,10 @@ class SQLiteDialect(Dialect):
     floor = (3, 35)
     busy_timeout_ms = 30_000
 
-    def check_floor(self, conn: sa.Connection) -> None:
+    @classmethod
+    def check_floor(cls, conn: sa.Connection) -> None:
         version = sqlite3.sqlite_version_info
-        if version < self.floor:
+        if version < cls.floor:
             raise UnsupportedDatabase(
                 f"SQLite {_dotted(version)} is too old: novaque needs SQLite >= 3.35 "
                 "(for UPDATE ... RETURNING)"
@@ -523,6 +528,14 @@ def for_engine(engine: sa.Engine) -> Dialect:
     if cls is SQLiteDialect and engine not in _PREPARED:
         return SQLiteDialect(SQLiteDialect.own_engine(engine))
     return cls(engine)
+
+
+def floor_check(conn: sa.Connection) -> None:
+    """Raise :class:`UnsupportedDatabase` if ``conn``'s server is below novaque's floor."""
+    cls = _DIALECTS.get(conn.dialect.name)
+    if cls is None:
+        raise UnsupportedDatabase(f"novaque does not support the {conn.dialect.name!r} database")
+    cls.check_floor(conn)
 
 
 def create_engine(url: str | sa.URL, pool_size: int) -> sa.Engine:

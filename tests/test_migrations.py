@@ -108,11 +108,11 @@ def test_floors_refuse_old_servers() -> None:
         dialect = SimpleNamespace(server_version_info=version, is_mariadb=mariadb)
         return SimpleNamespace(dialect=dialect)  # type: ignore[return-value]
 
-    pg = _dialect.PostgresDialect.__new__(_dialect.PostgresDialect)
+    pg = _dialect.PostgresDialect
     pg.check_floor(conn((14, 0)))
     with pytest.raises(novaque.UnsupportedDatabase, match=r"PostgreSQL 13.9 .* >= 14"):
         pg.check_floor(conn((13, 9)))
-    my = _dialect.MySQLDialect.__new__(_dialect.MySQLDialect)
+    my = _dialect.MySQLDialect
     my.check_floor(conn((8, 0, 1)))
     with pytest.raises(novaque.UnsupportedDatabase, match=r"MySQL 5.7.44 .* >= 8.0.1"):
         my.check_floor(conn((5, 7, 44)))
