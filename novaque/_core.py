@@ -141,13 +141,14 @@ class CoreClient:
         """
         with self._dialect.engine.begin() as conn:
             self._dialect.check_floor(conn)
-            _migrate.upgrade(conn, to)
+            with self._dialect.migration_lock(conn):
+                _migrate.upgrade(conn, to)
         self._schema_ok.clear()
         self.log.info("novaque schema migrated to %s", to)
 
     def downgrade(self, to: str = "base") -> None:
         """Revert novaque's migrations down to ``to``; ``base`` drops every table."""
-        with self._dialect.engine.begin() as conn:
+        with self._dialect.engine.begin() as conn, self._dialect.migration_lock(conn):
             _migrate.downgrade(conn, to)
         self._schema_ok.clear()
         self._topic_ids.clear()
