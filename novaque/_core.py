@@ -166,9 +166,14 @@ class CoreClient:
     def _now(self) -> int:
         return self._clock.now_us()
 
-    def _run(self, fn: Callable[[sa.Connection], T]) -> T:
+    def _run(self, fn: Callable[[sa.Connection], T], *, op: str = "") -> T:
+        """Run ``fn`` in one of novaque's transactions.
+
+        ``op`` names the hot-path operation ``fn`` performs; where the dialect
+        does it in one statement, the transaction costs one round trip.
+        """
         self._ready()
-        return self._dialect.run(fn)
+        return self._dialect.run(fn, one_statement=op in self._dialect.one_statement_ops)
 
     # -- publishing -----------------------------------------------------------------
 
@@ -295,15 +300,24 @@ class CoreClient:
             ids, fanout, now = write(connection)
             _after_commit(connection, lambda: self._published(topic, fanout, now))
             return ids
-        ids, fanout, now = self._run_publish(write)
+        # One statement where the dialect can: the topic id is known, no dedup
+        # keys, and the bodies fit one INSERT batch.
+        one = (
+            topic in self._topic_ids
+            and all(k is None for k in dedup_keys)
+            and len(data) <= INSERT_BATCH_ROWS
+            and sum(map(len, data)) <= INSERT_BATCH_BYTES
+        )
+        ids, fanout, now = self._run_publish(write, one)
         self._published(topic, fanout, now)
         return ids
 
     def _run_publish(
-        self, write: Callable[[sa.Connection], tuple[list[int], Counter[int], int]]
+        self, write: Callable[[sa.Connection], tuple[list[int], Counter[int], int]], one: bool
     ) -> tuple[list[int], Counter[int], int]:
+        op = "publish" if one else ""
         try:
-            result: tuple[list[int], Counter[int], int] = self._run(write)
+            result: tuple[list[int], Counter[int], int] = self._run(write, op=op)
         except sa.exc.IntegrityError:
             # A cached topic id may belong to a topic deleted elsewhere: look it up again.
             self._topic_ids.clear()
@@ -592,7 +606,7 @@ class CoreClient:
             holder["now"], holder["until"] = now, now + int(lease_s * US)
             return self._dialect.claim(conn, channel_id, limit, now, holder["until"], token)
 
-        rows = self._run(write)
+        rows = self._run(write, op="claim")
         if not rows:
             self._channel_maybe_gone(topic, channel)
             return []
@@ -628,18 +642,12 @@ class CoreClient:
         """Ack many messages in one transaction; return those whose lease was lost."""
         if not msgs:
             return []
-        by_token: dict[str, list[int]] = {}
-        for msg in msgs:
-            by_token.setdefault(msg.lease_token, []).append(msg.delivery_id)
+        pairs = [(msg.delivery_id, msg.lease_token) for msg in msgs]
 
         def write(conn: sa.Connection) -> tuple[set[tuple[int, str]], int]:
-            done: set[tuple[int, str]] = set()
-            for token, ids in by_token.items():
-                deleted = self._dialect.delete_leased(conn, sorted(ids), token)
-                done.update((delivery_id, token) for delivery_id in deleted)
-            return done, self._now()
+            return self._dialect.delete_leased_pairs(conn, pairs), self._now()
 
-        done, now = self._run(write)
+        done, now = self._run(write, op="ack")
         acked = [msg for msg in msgs if (msg.delivery_id, msg.lease_token) in done]
         self._stats.add("acked", day_of(now), Counter(msg.channel_id for msg in acked))
         return [msg for msg in msgs if (msg.delivery_id, msg.lease_token) not in done]
@@ -684,7 +692,7 @@ class CoreClient:
             )
             return result.rowcount, now
 
-        changed, now = self._run(write)
+        changed, now = self._run(write, op="settle")
         if not changed:
             raise LeaseLost(_lost_text(msg))
         self._stats.add("requeued", day_of(now), {msg.channel_id: 1})
@@ -710,7 +718,7 @@ class CoreClient:
             )
             return result.rowcount, now
 
-        changed, now = self._run(write)
+        changed, now = self._run(write, op="settle")
         if not changed:
             raise LeaseLost(_lost_text(msg))
         self._stats.add("dead", day_of(now), {msg.channel_id: 1})
@@ -735,7 +743,7 @@ class CoreClient:
             )
             return result.rowcount, until
 
-        changed, until = self._run(write)
+        changed, until = self._run(write, op="settle")
         if not changed:
             raise LeaseLost(_lost_text(msg))
         msg.lease_expires_at = from_us(until)

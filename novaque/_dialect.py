@@ -157,18 +157,35 @@ class Dialect:
         """True for errors a repeat of the same transaction can cure (deadlock, busy)."""
         return False
 
-    def run(self, fn: Callable[[sa.Connection], T], *, attempts: int = 8) -> T:
-        """Run ``fn`` in one transaction on novaque's engine, retrying deadlocks."""
+    #: Operations ("publish", "claim", "ack", "settle": requeue, reject, renew)
+    #: that this dialect does in a single
+    #: statement; their callers pass ``one_statement=True`` to :meth:`run`.
+    one_statement_ops: ClassVar[frozenset[str]] = frozenset()
+
+    def run(
+        self, fn: Callable[[sa.Connection], T], *, attempts: int = 8, one_statement: bool = False
+    ) -> T:
+        """Run ``fn`` in one transaction on novaque's engine, retrying deadlocks.
+
+        ``one_statement`` promises that ``fn`` executes exactly one statement,
+        which is a transaction by itself; a dialect may then save the round
+        trips of BEGIN and COMMIT (see :meth:`PostgresDialect.run`).
+        """
         for attempt in range(1, attempts + 1):
             try:
-                with self.engine.begin() as conn:
-                    self.begin_transaction(conn)
+                with self._transaction(one_statement) as conn:
                     return fn(conn)
             except DBAPIError as exc:
                 if attempt == attempts or not self.is_retryable(exc):
                     raise
                 time.sleep(random.uniform(0, 0.002 * 2**attempt))
         raise AssertionError("unreachable")  # pragma: no cover
+
+    @contextlib.contextmanager
+    def _transaction(self, one_statement: bool) -> Iterator[sa.Connection]:
+        with self.engine.begin() as conn:
+            self.begin_transaction(conn)
+            yield conn
 
     def begin_transaction(self, conn: sa.Connection) -> None:
         """First statement of each of novaque's own transactions, if any."""
@@ -302,6 +319,19 @@ class Dialect:
         result = conn.execute(_ack_delete_returning, {"p_ids": list(ids), "p_token": token})
         return {int(r[0]) for r in result}
 
+    def delete_leased_pairs(
+        self, conn: sa.Connection, pairs: Sequence[tuple[int, str]]
+    ) -> set[tuple[int, str]]:
+        """Delete each delivery of ``(delivery_id, lease_token)`` still leased with that
+        token; return the pairs deleted."""
+        by_token: dict[str, list[int]] = {}
+        for delivery_id, token in pairs:
+            by_token.setdefault(token, []).append(delivery_id)
+        done: set[tuple[int, str]] = set()
+        for token, ids in by_token.items():
+            done.update((i, token) for i in self.delete_leased(conn, sorted(ids), token))
+        return done
+
     # -- stats ----------------------------------------------------------------------
 
     def upsert_stats(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
@@ -361,6 +391,41 @@ class PostgresDialect(Dialect):
         # Held to the end of the migration's transaction (DDL is transactional).
         conn.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
         yield
+
+    one_statement_ops = frozenset({"publish", "claim", "ack", "settle"})
+
+    @contextlib.contextmanager
+    def _transaction(self, one_statement: bool) -> Iterator[sa.Connection]:
+        if not one_statement:
+            with super()._transaction(False) as conn:
+                yield conn
+            return
+        # A single statement is a transaction by itself: in autocommit it costs
+        # one round trip instead of three (BEGIN, statement, COMMIT), with the
+        # same atomicity and durability. psycopg switches autocommit on the
+        # client side, and the pool switches it back when the connection returns.
+        with self.engine.connect() as conn:
+            yield conn.execution_options(isolation_level="AUTOCOMMIT")
+
+    # Ack: one statement for any number of (delivery, token) pairs.
+    _delete_pairs = sa.text(
+        f"""
+        DELETE FROM {d.name} AS d
+        USING unnest(CAST(:ids AS BIGINT[]), CAST(:tokens AS TEXT[])) AS a(id, token)
+        WHERE d.id = a.id AND d.lease_token = a.token
+        RETURNING d.id, d.lease_token
+        """
+    )
+
+    def delete_leased_pairs(
+        self, conn: sa.Connection, pairs: Sequence[tuple[int, str]]
+    ) -> set[tuple[int, str]]:
+        ordered = sorted(pairs)
+        result = conn.execute(
+            self._delete_pairs,
+            {"ids": [p[0] for p in ordered], "tokens": [p[1] for p in ordered]},
+        )
+        return {(int(r[0]), str(r[1])) for r in result}
 
     def db_now_us(self, conn: sa.Connection) -> int | None:
         return int(
