@@ -32,7 +32,10 @@ def connect(url: str | sa.URL, **option_fields: Any) -> Client:
 
     Keyword arguments are :class:`Options` fields. SQLite gets WAL, a busy
     timeout and ``BEGIN IMMEDIATE`` writes; PostgreSQL and MySQL get a pool
-    sized for the consumers' worker threads, with pre-ping.
+    sized for the consumers' worker threads whose connections are pinged
+    before use after a second idle. MySQL/MariaDB connections run in READ
+    COMMITTED (also for the application's own work on ``client.engine``) and
+    are rolled back on return to the pool only when a transaction is open.
     """
     options = Options(**option_fields)
     pool_size = max(5, options.max_in_flight + 4)
