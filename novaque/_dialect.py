@@ -608,6 +608,54 @@ class MySQLDialect(Dialect):
         )
         return self._with_messages(conn, [(r[0], r[1], r[2] + 1, r[3]) for r in locked])
 
+    # MariaDB: deliveries written by the server from the channel rows, and
+    # counted from what the INSERT returns (one statement instead of two).
+    _fan_out_returning = (
+        sa.insert(d)
+        .from_select(
+            ["message_id", "channel_id", "state", "visible_at", "attempts", "max_attempts"],
+            sa.select(
+                m.c.id,
+                channels.c.id,
+                sa.literal(STATE_READY, sa.SmallInteger),
+                sa.bindparam("p_visible", type_=sa.BigInteger),
+                sa.literal(0, sa.Integer),
+                sa.bindparam("p_max_attempts", type_=sa.Integer),
+            )
+            .join_from(m, channels, channels.c.topic_id == m.c.topic_id)
+            .where(
+                channels.c.topic_id == sa.bindparam("p_topic_id"),
+                m.c.id.in_(sa.bindparam("p_ids", expanding=True)),
+            )
+            .order_by(m.c.id, channels.c.id),
+        )
+        .returning(d.c.channel_id)
+    )
+
+    def fan_out(
+        self,
+        conn: sa.Connection,
+        topic: str,
+        topic_id: int,
+        message_ids: list[int],
+        visible: int,
+        max_attempts: int,
+    ) -> dict[int, int]:
+        if not conn.dialect.insert_returning:  # MySQL proper: no INSERT ... RETURNING
+            return super().fan_out(conn, topic, topic_id, message_ids, visible, max_attempts)
+        counts: dict[int, int] = {}
+        for (channel_id,) in conn.execute(
+            self._fan_out_returning,
+            {
+                "p_topic_id": topic_id,
+                "p_ids": message_ids,
+                "p_visible": visible,
+                "p_max_attempts": max_attempts,
+            },
+        ):
+            counts[channel_id] = counts.get(channel_id, 0) + 1
+        return counts
+
     def delete_leased(self, conn: sa.Connection, ids: Sequence[int], token: str) -> set[int]:
         if conn.dialect.delete_returning:  # MariaDB
             return super().delete_leased(conn, ids, token)
