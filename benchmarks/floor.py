@@ -207,36 +207,6 @@ class Floor:
         finally:
             conn.close()
 
-    def publish_singles(self, n: int, deadline: Deadline) -> Run:
-        conn = self.connect()
-        try:
-            bodies = [body(i) for i in range(n)]
-            done = 0
-            started = time.perf_counter()
-            for data in bodies:
-                if deadline.passed():
-                    break
-                self.publish_one(conn, data)
-                done += 1
-            return Run(done, n, time.perf_counter() - started)
-        finally:
-            conn.close()
-
-    def publish_batches(self, n: int, batch: int, deadline: Deadline) -> Run:
-        conn = self.connect()
-        try:
-            batches = [[body(i) for i in range(s, min(n, s + batch))] for s in range(0, n, batch)]
-            done = 0
-            started = time.perf_counter()
-            for chunk in batches:
-                if deadline.passed():
-                    break
-                self.publish_batch(conn, chunk)
-                done += len(chunk)
-            return Run(done, n, time.perf_counter() - started)
-        finally:
-            conn.close()
-
     def drain(
         self,
         n: int,

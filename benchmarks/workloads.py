@@ -117,35 +117,37 @@ def prefill(client: novaque.Client, n: int, *, topic: str = TOPIC, batch: int = 
 # -- W1a / W1b / W6: publishing -------------------------------------------------------
 
 
-def publish_singles(db: Database, sizes: Sizes, deadline: Deadline) -> Run:
-    """W1a: ``publish`` one message per transaction, to a topic with one channel."""
-    client = make_client(db, sizes)
-    try:
-        client.ensure_channel(TOPIC, CHANNEL)
-        bodies = [body(i) for i in range(sizes.w1a_messages)]
-        client.publish(TOPIC, bodies[0])  # first use: schema check, topic id cached
-        done = 0
-        started = time.perf_counter()
-        for data in bodies:
-            if deadline.passed():
-                break
-            client.publish(TOPIC, data)
-            done += 1
-        return Run(done, len(bodies), time.perf_counter() - started)
-    finally:
-        close_client(client)
+class Publisher:
+    """novaque's side of the publishing workloads, one slice at a time.
 
+    W1a and W1b interleave the floor and novaque slice by slice (see
+    ``run.py``), so both meet the same moments of a noisy machine.
+    """
 
-def publish_batches(
-    db: Database, sizes: Sizes, deadline: Deadline, *, n: int | None = None, channels: int = 1
-) -> Run:
-    """W1b (one channel) and W6 (``channels`` channels): ``publish_many`` in batches."""
-    total = sizes.w1b_messages if n is None else n
-    client = make_client(db, sizes)
-    try:
+    def __init__(self, db: Database, sizes: Sizes, *, channels: int = 1) -> None:
+        self.client = make_client(db, sizes)
         for c in range(channels):
-            client.ensure_channel(TOPIC, f"{CHANNEL}{c}" if channels > 1 else CHANNEL)
-        client.publish(TOPIC, body(0))
+            self.client.ensure_channel(TOPIC, f"{CHANNEL}{c}" if channels > 1 else CHANNEL)
+        self.client.publish(TOPIC, body(0))  # first use: schema check, topic id cached
+
+    def one_by_one(self, bodies: list[bytes]) -> None:
+        """W1a: ``publish``, one transaction per message."""
+        for data in bodies:
+            self.client.publish(TOPIC, data)
+
+    def batch(self, bodies: list[bytes]) -> None:
+        """W1b / W6: one ``publish_many``."""
+        self.client.publish_many(TOPIC, bodies)
+
+    def close(self) -> None:
+        close_client(self.client)
+
+
+def fanout(db: Database, sizes: Sizes, deadline: Deadline) -> Run:
+    """W6: topic with ``w6_channels`` channels, ``publish_many`` in batches of ``batch``."""
+    total = sizes.w6_messages
+    pub = Publisher(db, sizes, channels=sizes.w6_channels)
+    try:
         batches = [
             [body(i) for i in range(s, min(total, s + sizes.batch))]
             for s in range(0, total, sizes.batch)
@@ -155,16 +157,13 @@ def publish_batches(
         for chunk in batches:
             if deadline.passed():
                 break
-            client.publish_many(TOPIC, chunk)
+            pub.batch(chunk)
             done += len(chunk)
-        return Run(done, total, time.perf_counter() - started, extra={"channels": channels})
+        return Run(
+            done, total, time.perf_counter() - started, extra={"channels": sizes.w6_channels}
+        )
     finally:
-        close_client(client)
-
-
-def fanout(db: Database, sizes: Sizes, deadline: Deadline) -> Run:
-    """W6: topic with ``w6_channels`` channels, publish in batches of ``batch``."""
-    return publish_batches(db, sizes, deadline, n=sizes.w6_messages, channels=sizes.w6_channels)
+        pub.close()
 
 
 # -- W2 / W4: draining ----------------------------------------------------------------
