@@ -192,6 +192,37 @@ class Dialect:
             int(r[0]) for r in conn.execute(sa.delete(d).where(where).returning(d.c.channel_id))
         ]
 
+    # -- query plans ------------------------------------------------------------------
+
+    def claim_statement(self) -> sa.Executable:
+        """The statement that picks and leases deliveries in :meth:`claim` (for plan checks).
+
+        Parameters: ``p_channel``, ``p_now``, ``p_limit``, ``p_until``, ``p_token``.
+        """
+        return _claim_update_returning
+
+    def explain(
+        self,
+        conn: sa.Connection,
+        stmt: sa.Executable,
+        params: dict[str, Any],
+        *,
+        analyze: bool = False,
+    ) -> str:
+        """The database's plan for ``stmt`` with ``params``, as text (one line per row).
+
+        ``analyze`` runs the statement and reports real timings where the
+        database can (PostgreSQL ``EXPLAIN (ANALYZE, BUFFERS)``, MariaDB
+        ``ANALYZE``, MySQL ``EXPLAIN ANALYZE``); use it on reads only.
+        Parameters are rendered inline, so pass plain numbers and strings.
+        """
+        sql = _inline_sql(conn, stmt, params)
+        rows = conn.exec_driver_sql(self._explain_prefix(conn, analyze) + sql).all()
+        return "\n".join(" ".join(str(v) for v in row) for row in rows)
+
+    def _explain_prefix(self, conn: sa.Connection, analyze: bool) -> str:
+        return "EXPLAIN (ANALYZE, BUFFERS) " if analyze else "EXPLAIN "
+
     # -- claiming -------------------------------------------------------------------
 
     def claim(
@@ -247,6 +278,11 @@ class Dialect:
         raise NotImplementedError
 
 
+def _inline_sql(conn: sa.Connection, stmt: sa.Executable, params: dict[str, Any]) -> str:
+    bound = stmt.params(**params)  # type: ignore[attr-defined]
+    return str(bound.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+
+
 def _dotted(version: Iterable[object]) -> str:
     return ".".join(str(part) for part in version)
 
@@ -283,6 +319,9 @@ class PostgresDialect(Dialect):
             .join_from(claimed, m, m.c.id == claimed.c.message_id)
             .order_by(claimed.c.id)
         )
+
+    def claim_statement(self) -> sa.Executable:
+        return self._claim_stmt
 
     def db_now_us(self, conn: sa.Connection) -> int | None:
         return int(
@@ -344,6 +383,32 @@ class MySQLDialect(Dialect):
 
     def label(self, conn: sa.Connection) -> str:
         return "MariaDB" if getattr(conn.dialect, "is_mariadb", False) else "MySQL"
+
+    def claim_statement(self) -> sa.Executable:
+        return self._lock_ids
+
+    def explain(
+        self,
+        conn: sa.Connection,
+        stmt: sa.Executable,
+        params: dict[str, Any],
+        *,
+        analyze: bool = False,
+    ) -> str:
+        if analyze and not getattr(conn.dialect, "is_mariadb", False):
+            return super().explain(conn, stmt, params, analyze=True)  # EXPLAIN ANALYZE: a tree
+        result = conn.exec_driver_sql(
+            ("ANALYZE " if analyze else "EXPLAIN ") + _inline_sql(conn, stmt, params)
+        )
+        keys = list(result.keys())
+        # One line per table access: table, access type, index, rows, extra.
+        return "\n".join(
+            " ".join(f"{k}={v}" for k, v in zip(keys, row, strict=True) if v is not None)
+            for row in result
+        )
+
+    def _explain_prefix(self, conn: sa.Connection, analyze: bool) -> str:
+        return "EXPLAIN ANALYZE " if analyze else "EXPLAIN "
 
     def check_floor(self, conn: sa.Connection) -> None:
         if getattr(conn.dialect, "is_mariadb", False):
@@ -456,6 +521,18 @@ class SQLiteDialect(Dialect):
 
     def _insert(self, table: sa.Table) -> Any:
         return sqlite_dialect.insert(table)
+
+    def explain(
+        self,
+        conn: sa.Connection,
+        stmt: sa.Executable,
+        params: dict[str, Any],
+        *,
+        analyze: bool = False,
+    ) -> str:
+        # EXPLAIN QUERY PLAN rows are (id, parent, notused, detail); keep the detail.
+        rows = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + _inline_sql(conn, stmt, params)).all()
+        return "\n".join(str(row[-1]) for row in rows)
 
     @classmethod
     def own_engine(cls, engine: sa.Engine) -> sa.Engine:
