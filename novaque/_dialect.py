@@ -194,7 +194,7 @@ class Dialect:
 
     # -- query plans ------------------------------------------------------------------
 
-    def claim_statement(self) -> sa.Executable:
+    def claim_statement(self) -> sa.ClauseElement:
         """The statement that picks and leases deliveries in :meth:`claim` (for plan checks).
 
         Parameters: ``p_channel``, ``p_now``, ``p_limit``, ``p_until``, ``p_token``.
@@ -204,7 +204,7 @@ class Dialect:
     def explain(
         self,
         conn: sa.Connection,
-        stmt: sa.Executable,
+        stmt: sa.ClauseElement,
         params: dict[str, Any],
         *,
         analyze: bool = False,
@@ -214,10 +214,10 @@ class Dialect:
         ``analyze`` runs the statement and reports real timings where the
         database can (PostgreSQL ``EXPLAIN (ANALYZE, BUFFERS)``, MariaDB
         ``ANALYZE``, MySQL ``EXPLAIN ANALYZE``); use it on reads only.
-        Parameters are rendered inline, so pass plain numbers and strings.
+        ``params`` fill the statement's bound parameters (not expanding ones).
         """
-        sql = _inline_sql(conn, stmt, params)
-        rows = conn.exec_driver_sql(self._explain_prefix(conn, analyze) + sql).all()
+        sql, values = _driver_sql(conn, stmt, params)
+        rows = conn.exec_driver_sql(self._explain_prefix(conn, analyze) + sql, values).all()
         return "\n".join(" ".join(str(v) for v in row) for row in rows)
 
     def _explain_prefix(self, conn: sa.Connection, analyze: bool) -> str:
@@ -278,9 +278,16 @@ class Dialect:
         raise NotImplementedError
 
 
-def _inline_sql(conn: sa.Connection, stmt: sa.Executable, params: dict[str, Any]) -> str:
-    bound = stmt.params(**params)  # type: ignore[attr-defined]
-    return str(bound.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+def _driver_sql(
+    conn: sa.Connection, stmt: sa.ClauseElement, params: dict[str, Any]
+) -> tuple[str, Any]:
+    """``stmt`` compiled for the connection's driver, with its parameters in driver form."""
+    compiled = stmt.compile(dialect=conn.dialect)
+    assert isinstance(compiled, sa.sql.compiler.SQLCompiler)
+    values = compiled.construct_params(params)
+    if compiled.positional:
+        return compiled.string, tuple(values[name] for name in compiled.positiontup or ())
+    return compiled.string, values
 
 
 def _dotted(version: Iterable[object]) -> str:
@@ -320,7 +327,7 @@ class PostgresDialect(Dialect):
             .order_by(claimed.c.id)
         )
 
-    def claim_statement(self) -> sa.Executable:
+    def claim_statement(self) -> sa.ClauseElement:
         return self._claim_stmt
 
     def db_now_us(self, conn: sa.Connection) -> int | None:
@@ -384,22 +391,21 @@ class MySQLDialect(Dialect):
     def label(self, conn: sa.Connection) -> str:
         return "MariaDB" if getattr(conn.dialect, "is_mariadb", False) else "MySQL"
 
-    def claim_statement(self) -> sa.Executable:
+    def claim_statement(self) -> sa.ClauseElement:
         return self._lock_ids
 
     def explain(
         self,
         conn: sa.Connection,
-        stmt: sa.Executable,
+        stmt: sa.ClauseElement,
         params: dict[str, Any],
         *,
         analyze: bool = False,
     ) -> str:
         if analyze and not getattr(conn.dialect, "is_mariadb", False):
             return super().explain(conn, stmt, params, analyze=True)  # EXPLAIN ANALYZE: a tree
-        result = conn.exec_driver_sql(
-            ("ANALYZE " if analyze else "EXPLAIN ") + _inline_sql(conn, stmt, params)
-        )
+        sql, values = _driver_sql(conn, stmt, params)
+        result = conn.exec_driver_sql(("ANALYZE " if analyze else "EXPLAIN ") + sql, values)
         keys = list(result.keys())
         # One line per table access: table, access type, index, rows, extra.
         return "\n".join(
@@ -525,13 +531,14 @@ class SQLiteDialect(Dialect):
     def explain(
         self,
         conn: sa.Connection,
-        stmt: sa.Executable,
+        stmt: sa.ClauseElement,
         params: dict[str, Any],
         *,
         analyze: bool = False,
     ) -> str:
         # EXPLAIN QUERY PLAN rows are (id, parent, notused, detail); keep the detail.
-        rows = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + _inline_sql(conn, stmt, params)).all()
+        sql, values = _driver_sql(conn, stmt, params)
+        rows = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, values).all()
         return "\n".join(str(row[-1]) for row in rows)
 
     @classmethod

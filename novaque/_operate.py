@@ -91,10 +91,13 @@ _TOPIC_BACKLOG = _backlog(d.c.channel_id.in_(_channels_of.scalar_subquery()))
 
 # -- dead letters: the tail of ix_novaque_deliveries_claim, in delivery-id order -------
 
+# Dead rows, and only they, have visible_at = DEAD_VISIBLE_AT: an exact range of
+# ix_novaque_deliveries_claim in id order. (Adding "state = dead" would tempt
+# planners into ix_novaque_deliveries_state and a sort.) Updates and deletes of
+# the rows found still check the state.
 _dead_of_channel = sa.and_(
     d.c.channel_id == _p("p_channel", sa.Integer),
     d.c.visible_at == DEAD_VISIBLE_AT,
-    d.c.state == STATE_DEAD,
 )
 
 
