@@ -177,6 +177,12 @@ def run(client: novaque.Client, rows: int) -> int:
             lambda: client.ack_many(client.claim("bench", "big", max_messages=10)),
         ),
         ("channel_backlog(busy) (200k rows)", lambda: client.channel_backlog("noise", "busy")),
+        ("list_messages(bench) first page of 100", lambda: client.list_messages("bench")),
+        (
+            "list_messages(bench) page of 100 at the middle",
+            lambda: client.list_messages("bench", after_id=rows // 2),
+        ),
+        ("get_message(id)", lambda: client.get_message(rows // 2)),
     ]
     print(f"{'call':<44} {'median ms':>10} {'min':>8} {'max':>8}   ({RUNS} runs)")
     for label, fn in figures:

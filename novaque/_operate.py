@@ -6,8 +6,8 @@ a missing topic raises :class:`~novaque.TopicNotFound`, a missing channel of an
 existing topic :class:`~novaque.ChannelNotFound`.
 
 Every statement here is portable SQLAlchemy Core, built once at import from
-bound parameters. The few things that differ per database (deleting with or
-without RETURNING, EXPLAIN) are :mod:`novaque._dialect` methods.
+bound parameters. What differs per database (deleting with or without
+RETURNING, EXPLAIN) goes through :mod:`novaque._dialect`.
 
 Counters changed by these calls (``requeued``, ``published``, ``purged``) are
 recorded with the transaction and buffered only once it commits, like every
@@ -309,15 +309,9 @@ class OperatingClient(CoreClient):
         def read(conn: sa.Connection) -> Counters:
             topic_id = self._existing_topic_id(conn, topic)
             stmt = _window(
-                sa.select(*_sums).where(
-                    stats.c.channel_id.in_(
-                        sa.select(channels.c.id).where(channels.c.topic_id == topic_id)
-                    )
-                ),
-                first,
-                last,
+                sa.select(*_sums).where(stats.c.channel_id.in_(_channels_of)), first, last
             )
-            return _counters(conn.execute(stmt).one())
+            return _counters(conn.execute(stmt, {"p_topic_id": topic_id}).one())
 
         result: Counters = self._run(read)
         return result
