@@ -775,12 +775,10 @@ class CoreClient:
         """
         self._ready()
         self._resample_clock()
-        for job in self._maintenance_jobs():
-            job()
-
-    def _maintenance_jobs(self) -> list[Callable[[], object]]:
-        """The jobs of one maintenance pass, in order; feature classes add theirs."""
-        return [self.reap_leases, self.purge_expired, self.flush_stats, self.prune_stats]
+        self.reap_leases()
+        self.purge_expired()
+        self.flush_stats()
+        self.prune_stats()
 
     def _resample_clock(self) -> None:
         if time.monotonic() - self._clock_sampled_at < CLOCK_SAMPLE_S:
