@@ -78,7 +78,7 @@ def decode_headers(text: str | None) -> dict[str, str]:
 def ttl(value: Duration | None, default: Duration) -> float:
     result = seconds(default if value is None else value, "ttl", allow_zero=False)
     if result > MAX_TTL_S:
-        raise InvalidOption(f"ttl is {result:g} s; the limit is {MAX_TTL_S:g} s (3650 days)")
+        raise InvalidOption(f"ttl is {result:.15g} s; the limit is {MAX_TTL_S:.15g} s (3650 days)")
     return result
 
 
@@ -87,10 +87,12 @@ def delay(value: Duration | None, ttl_s: float) -> float:
         return 0.0
     result = seconds(value, "delay")
     if result > MAX_DELAY_S:
-        raise InvalidOption(f"delay is {result:g} s; the limit is {MAX_DELAY_S:g} s (90 days)")
+        raise InvalidOption(
+            f"delay is {result:.15g} s; the limit is {MAX_DELAY_S:.15g} s (90 days)"
+        )
     if result >= ttl_s:
         raise InvalidOption(
-            f"delay is {result:g} s but the message expires after its ttl of {ttl_s:g} s: "
+            f"delay is {result:.15g} s but the message expires after its ttl of {ttl_s:.15g} s: "
             "the delay must be shorter than the ttl"
         )
     return result
@@ -99,14 +101,16 @@ def delay(value: Duration | None, ttl_s: float) -> float:
 def retry_delay(value: Duration) -> float:
     result = seconds(value, "delay")
     if result > MAX_DELAY_S:
-        raise InvalidOption(f"delay is {result:g} s; the limit is {MAX_DELAY_S:g} s (90 days)")
+        raise InvalidOption(
+            f"delay is {result:.15g} s; the limit is {MAX_DELAY_S:.15g} s (90 days)"
+        )
     return result
 
 
 def lease(value: Duration | None, default: Duration) -> float:
     result = seconds(default if value is None else value, "lease", allow_zero=False)
     if result > MAX_LEASE_S:
-        raise InvalidOption(f"lease is {result:g} s; the limit is {MAX_LEASE_S:g} s (7 days)")
+        raise InvalidOption(f"lease is {result:.15g} s; the limit is {MAX_LEASE_S:.15g} s (7 days)")
     return result
 
 

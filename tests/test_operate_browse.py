@@ -6,10 +6,10 @@ import threading
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from tests.conftest import Backend, FakeClock
 
 import novaque
 from novaque import DeliveryInfo
+from tests.conftest import Backend, FakeClock
 
 
 def test_get_message_shows_each_live_delivery(client: novaque.Client, clock: FakeClock) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from tests.conftest import Backend, FakeClock
 
 import novaque
 from novaque import Backlog
+from tests.conftest import Backend, FakeClock
 
 
 def bury(client: novaque.Client, topic: str, channel: str, how: list[str]) -> list[int]:

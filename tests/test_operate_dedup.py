@@ -8,11 +8,11 @@ from datetime import datetime, timezone
 
 import pytest
 import sqlalchemy as sa
-from tests import _procs
-from tests.conftest import Backend, FakeClock
 
 import novaque
 from novaque.schema import deliveries, messages
+from tests import _procs
+from tests.conftest import Backend, FakeClock
 
 
 def count(backend: Backend, table: sa.Table) -> int:

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from tests.conftest import Backend, FakeClock
 
 import novaque
 from novaque import _operate
@@ -26,6 +25,7 @@ from novaque.schema import (
     deliveries,
     messages,
 )
+from tests.conftest import Backend, FakeClock
 
 CHANNELS = 20
 MESSAGES = 200

@@ -7,11 +7,11 @@ from datetime import date, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from tests import _procs
-from tests.conftest import Backend, FakeClock
 
 import novaque
 from novaque import Counters
+from tests import _procs
+from tests.conftest import Backend, FakeClock
 
 
 def test_scripted_sequence_yields_exact_counters(client: novaque.Client, clock: FakeClock) -> None:
