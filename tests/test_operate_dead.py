@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
@@ -192,3 +193,31 @@ def test_dead_letter_arguments_are_checked(client: novaque.Client) -> None:
         client.delete_dead("t", "a", [0])
     with pytest.raises(novaque.InvalidOption, match="must be an integer, got str"):
         client.delete_dead("t", "a", ["7"])  # type: ignore[list-item]
+
+
+def test_concurrent_retention_passes_keep_the_bound_and_count_once(
+    backend: Backend, clock: FakeClock
+) -> None:
+    clients = [backend.client(clock=clock, maintenance_batch=3) for _ in range(3)]
+    clients[0].ensure_channel("t", "a", dead_max_count=4)
+    clients[0].publish_many("t", [str(i) for i in range(20)])
+    for msg in clients[0].claim("t", "a", max_messages=20):
+        clients[0].reject(msg, msg.body.decode())
+        clock.advance(1)
+    start = threading.Barrier(len(clients))
+    deleted: list[int] = []
+
+    def retain(client: novaque.Client) -> None:
+        start.wait(timeout=30)
+        deleted.append(client.enforce_dead_retention())
+
+    threads = [threading.Thread(target=retain, args=(c,)) for c in clients]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sum(deleted) == 16
+    assert [x.reason for x in clients[0].list_dead("t", "a")] == ["16", "17", "18", "19"]
+    for client in clients:
+        client.flush_stats()
+    assert clients[0].channel_counters("t", "a").purged == 16
