@@ -215,6 +215,8 @@ def run(client: novaque.Client, rows: int) -> int:
             },
         ),
     ]
+    print("EXPLAIN ANALYZE clocks every row, so its times run above the medians above.")
+    print()
     for label, stmt, params in plans:
         with client.engine.connect() as conn:
             plan = client._dialect.explain(conn, stmt, params, analyze=True)
