@@ -13,13 +13,16 @@ compiled cache serves every call.
 
 from __future__ import annotations
 
+import contextlib
 import random
+import select
+import socket
 import sqlite3
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -46,6 +49,30 @@ m = messages
 _PREPARED: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
 
 NOTIFY_CHANNEL = "novaque"
+#: An idle listening connection is checked with a query this often (seconds),
+#: so a connection that died silently is noticed and replaced.
+LISTEN_HEALTH_CHECK_S = 15.0
+
+
+class NotifyListener(Protocol):
+    """A connection that receives the wake-ups sent by :meth:`Dialect.notify`."""
+
+    def wait(self, timeout: float) -> list[str]:
+        """Wait up to ``timeout`` seconds; return the topics notified meanwhile.
+
+        Returns early (possibly with nothing) after :meth:`interrupt`. Raises
+        when the connection is lost; the caller then closes it and opens a
+        new one.
+        """
+        ...
+
+    def interrupt(self) -> None:
+        """Make a :meth:`wait` in another thread return at once."""
+        ...
+
+    def close(self) -> None:
+        """Close the connection (safe to call twice, and on a broken connection)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +190,14 @@ class Dialect:
 
     def notify(self, conn: sa.Connection, topic: str) -> None:
         """Wake listening consumers of ``topic`` when the transaction commits."""
+
+    def open_listener(self) -> NotifyListener | None:
+        """Open a connection that receives :meth:`notify` wake-ups.
+
+        Returns None where the database has no such push (consumers then only
+        poll). Raises if the server cannot be reached.
+        """
+        return None
 
     def insert_ignore(self, conn: sa.Connection, table: sa.Table, values: dict[str, Any]) -> None:
         """Insert a row unless it would break a unique constraint (then do nothing).
@@ -297,6 +332,13 @@ class PostgresDialect(Dialect):
     def notify(self, conn: sa.Connection, topic: str) -> None:
         conn.execute(sa.select(sa.func.pg_notify(NOTIFY_CHANNEL, topic)))
 
+    def open_listener(self) -> NotifyListener | None:
+        try:
+            import psycopg  # noqa: F401  (psycopg 3 reads notifications with a timeout)
+        except ImportError:
+            return None
+        return _PostgresListener(self.engine)
+
     def claim(
         self, conn: sa.Connection, channel_id: int, limit: int, now: int, until: int, token: str
     ) -> list[ClaimedRow]:
@@ -316,6 +358,75 @@ class PostgresDialect(Dialect):
 
     def _insert(self, table: sa.Table) -> Any:
         return pg_dialect.insert(table)
+
+
+class _PostgresListener:
+    """``LISTEN novaque`` on a dedicated autocommit psycopg 3 connection.
+
+    The connection is opened outside the engine's pool (a listening
+    connection is held for the client's whole life and must not be handed to
+    a query). It is built from the engine's own connect arguments, so it
+    reaches the same server as the engine. Waiting is a ``select`` on the
+    connection's socket and a private socket pair, so :meth:`interrupt` ends
+    a wait at once; notifications are then read without blocking.
+    """
+
+    def __init__(self, engine: sa.Engine) -> None:
+        import psycopg
+
+        cargs, cparams = engine.dialect.create_connect_args(engine.url)
+        conn: Any
+        if engine.dialect.driver == "psycopg":
+            conn = engine.dialect.connect(*cargs, **cparams)
+        else:  # another driver for the engine: libpq keywords work for psycopg too
+            params: dict[str, Any] = {k: v for k, v in cparams.items() if isinstance(v, (str, int))}
+            params.setdefault("connect_timeout", 10)
+            conn = psycopg.connect(*cargs, **params)
+        self._conn = conn
+        self._wake_r, self._wake_w = socket.socketpair()
+        try:
+            self._conn.autocommit = True
+            self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            self._wake_r.setblocking(False)
+            self._wake_w.setblocking(False)
+        except BaseException:
+            self.close()
+            raise
+        self._checked = time.monotonic()
+
+    def wait(self, timeout: float) -> list[str]:
+        sock = self._conn.fileno()
+        ready, _, _ = select.select([sock, self._wake_r], [], [], max(timeout, 0.0))
+        if self._wake_r in ready:
+            with contextlib.suppress(BlockingIOError):
+                while self._wake_r.recv(4096):
+                    pass
+        if sock in ready:
+            topics = [n.payload for n in self._conn.notifies(timeout=0)]
+            if topics:
+                self._checked = time.monotonic()
+                return topics
+            # Readable without a notification: maybe the server is closing
+            # the connection. A query tells (it raises if so).
+            self._health_check()
+        elif time.monotonic() - self._checked > LISTEN_HEALTH_CHECK_S:
+            self._health_check()
+        return []
+
+    def _health_check(self) -> None:
+        self._conn.execute("SELECT 1")
+        self._checked = time.monotonic()
+
+    def interrupt(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._conn.close()
+        for sock in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                sock.close()
 
 
 class MySQLDialect(Dialect):
