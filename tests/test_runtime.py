@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 import novaque
-from novaque.schema import STATE_DEAD, deliveries, messages, stats
+from novaque.schema import STATE_DEAD, messages, stats
 from tests.conftest import Backend, FakeClock
 from tests.test_consumer import WAIT, Recorder, rows, waited
 
@@ -144,7 +144,8 @@ def test_with_client_starts_and_shuts_everything_down(backend: Backend) -> None:
     with client as entered:
         assert entered is client
         thread = client._maintenance_thread
-        assert thread is not None and thread.is_alive()
+        assert thread is not None
+        assert thread.is_alive()
         consumer = client.subscribe_and_start("t", "c", handler, poll_interval=0.02)
         client.publish("t", b"x")
         waited(consumer._signals.wait("acked", 1, WAIT), "the ack")
