@@ -20,7 +20,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TypeVar
 
@@ -76,6 +76,16 @@ class _Job:
     errors: RetryDelay | None = None
 
 
+@dataclass
+class _Listening:
+    """One run of the listener thread, with its own stop flag."""
+
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    thread: threading.Thread | None = None
+    conn: NotifyListener | None = None
+
+
 class RuntimeClient(CoreClient):
     """Consumers, background maintenance and wake-ups on top of the core client."""
 
@@ -86,9 +96,7 @@ class RuntimeClient(CoreClient):
         self._running_consumers: set[Consumer] = set()
         self._maintenance_thread: threading.Thread | None = None
         self._maintenance_stop = threading.Event()
-        self._listener_thread: threading.Thread | None = None
-        self._listener_stop = threading.Event()
-        self._listener: NotifyListener | None = None
+        self._listening: _Listening | None = None
         #: Set by :func:`novaque.connect`: the engine is novaque's to dispose.
         self._owns_engine = False
         #: Maintenance passes and errors, by job name (``reap``, ``purge``,
@@ -178,12 +186,12 @@ class RuntimeClient(CoreClient):
         self._add_waker(consumer.topic, consumer._wake_up)
         with self._runtime_lock:
             self._running_consumers.add(consumer)
-            if self._dialect.supports_notify and self._listener_thread is None:
-                self._listener_stop.clear()
-                self._listener_thread = threading.Thread(
-                    target=self._listen_loop, name="novaque-listener", daemon=True
+            if self._dialect.supports_notify and self._listening is None:
+                run = self._listening = _Listening()
+                run.thread = threading.Thread(
+                    target=self._listen_loop, args=(run,), name="novaque-listener", daemon=True
                 )
-                self._listener_thread.start()
+                run.thread.start()
 
     def _consumer_stopped(self, consumer: Consumer) -> None:
         self._remove_waker(consumer.topic, consumer._wake_up)
@@ -221,13 +229,14 @@ class RuntimeClient(CoreClient):
         for waker in wakers:
             waker()
 
-    def _listen_loop(self) -> None:
+    def _listen_loop(self, run: _Listening) -> None:
         """Hold the client's one listening connection; wake consumers on NOTIFY."""
+        stop = run.stop
         errors = RetryDelay()
         listener: NotifyListener | None = None
         signals = self._runtime_signals
         try:
-            while not self._listener_stop.is_set():
+            while not stop.is_set():
                 try:
                     if listener is None:
                         listener = self._dialect.open_listener()
@@ -237,8 +246,8 @@ class RuntimeClient(CoreClient):
                                 "listening for NOTIFY"
                             )
                             return
-                        with self._runtime_lock:
-                            self._listener = listener
+                        with run.lock:
+                            run.conn = listener
                         if errors.failures:
                             self.log.info("listening for NOTIFY again")
                         errors.reset()
@@ -259,29 +268,28 @@ class RuntimeClient(CoreClient):
                         exc_info=exc if errors.failures == 0 else None,
                     )
                     if listener is not None:
-                        with self._runtime_lock:
-                            self._listener = None
+                        with run.lock:
+                            run.conn = None
                         listener.close()
                         listener = None
-                    self._listener_stop.wait(errors.next())
+                    stop.wait(errors.next())
         finally:
-            with self._runtime_lock:
-                self._listener = None
+            with run.lock:
+                run.conn = None
             if listener is not None:
                 listener.close()
 
     def _stop_listener(self, timeout: float) -> None:
         with self._runtime_lock:
-            thread = self._listener_thread
-            if thread is None:
-                return
-            self._listener_stop.set()
-            if self._listener is not None:
-                self._listener.interrupt()
-        thread.join(timeout)
-        with self._runtime_lock:
-            if self._listener_thread is thread:
-                self._listener_thread = None
+            run, self._listening = self._listening, None
+        if run is None:
+            return
+        run.stop.set()
+        with run.lock:
+            if run.conn is not None:
+                run.conn.interrupt()
+        if run.thread is not None:
+            run.thread.join(timeout)
 
     # -- maintenance ----------------------------------------------------------------
 

@@ -134,6 +134,7 @@ class Consumer:
         self._wake = threading.Event()
         self._stop_claiming = threading.Event()
         self._stop_heartbeat = threading.Event()
+        self._stop_settling = threading.Event()  # ends a settler's wait after an error
         self._workers_stop = False
         self._settler_stop = False
         self._settle_deadline = float("inf")
@@ -242,6 +243,7 @@ class Consumer:
             self._settle_deadline = deadline
             self._settler_stop = True
             self._results_ready.notify_all()
+        self._stop_settling.set()
         self._join("settle", deadline)
         self._stop_heartbeat.set()
         self._join("heartbeat", deadline + 1.0)
@@ -421,8 +423,9 @@ class Consumer:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return
+                self._stop_settling.clear()  # shutdown has begun: wait out the delay
                 wait = min(wait, left)
-            time.sleep(wait)
+            self._stop_settling.wait(wait)
 
     def _settle(self, batch: list[_Outcome]) -> list[_Outcome]:
         """Write outcomes; return those that failed on a database error (to retry)."""
