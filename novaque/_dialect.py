@@ -364,22 +364,25 @@ class PostgresDialect(Dialect):
 class _PostgresListener:
     """``LISTEN novaque`` on a dedicated autocommit psycopg 3 connection.
 
-    The connection is opened outside the engine's pool (a listening
-    connection is held for the client's whole life and must not be handed to
-    a query). It is built from the engine's own connect arguments, so it
-    reaches the same server as the engine. Waiting is a ``select`` on the
-    connection's socket and a private socket pair, so :meth:`interrupt` ends
-    a wait at once; notifications are then read without blocking.
+    The connection is held outside the engine's pool (it lives as long as the
+    client and must never be handed to a query): it is opened the way the
+    engine opens its connections (its ``connect_args``, ``creator`` and
+    connect events included) and then detached from the pool for good.
+    Waiting is a ``select`` on the connection's socket and a private socket
+    pair, so :meth:`interrupt` ends a wait at once; notifications are then
+    read without blocking.
     """
 
     def __init__(self, engine: sa.Engine) -> None:
         import psycopg
 
-        cargs, cparams = engine.dialect.create_connect_args(engine.url)
         conn: Any
         if engine.dialect.driver == "psycopg":
-            conn = engine.dialect.connect(*cargs, **cparams)
+            proxied = engine.raw_connection()
+            proxied.detach()
+            conn = proxied.dbapi_connection
         else:  # another driver for the engine: libpq keywords work for psycopg too
+            cargs, cparams = engine.dialect.create_connect_args(engine.url)
             params: dict[str, Any] = {k: v for k, v in cparams.items() if isinstance(v, (str, int))}
             params.setdefault("connect_timeout", 10)
             conn = psycopg.connect(*cargs, **params)

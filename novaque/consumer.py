@@ -273,7 +273,8 @@ class Consumer:
 
     def _join(self, group: str, deadline: float) -> None:
         for thread in self._threads.get(group, []):
-            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread is not threading.current_thread():  # shutdown called by a handler
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     def _wake_up(self) -> None:
         """Claim now (called on publish, NOTIFY, or a free worker)."""

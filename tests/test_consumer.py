@@ -364,6 +364,12 @@ def test_subscribe_checks_its_arguments(client: novaque.Client) -> None:
         client.subscribe("bad topic", "c", handler)
     with pytest.raises(TypeError, match="handler must be callable"):
         client.subscribe("t", "c", "not a function")  # type: ignore[arg-type]
+
+    async def async_handler(msg: novaque.Message) -> None:
+        pass
+
+    with pytest.raises(TypeError, match="async function"):
+        client.subscribe("t", "c", async_handler)
     with pytest.raises(novaque.InvalidOption, match="max_in_flight must be between 1 and 1000"):
         client.subscribe("t", "c", handler, max_in_flight=0)
     with pytest.raises(novaque.InvalidOption, match="lease"):
