@@ -6,6 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+LINTED := $(wildcard novaque tests migrations benchmarks)
 
 .DEFAULT_GOAL := help
 .PHONY: help test lint demo bench clean
@@ -23,8 +24,8 @@ test: $(STAMP) ## run the suite (PostgreSQL/MySQL too when NOVAQUE_TEST_*_URL ar
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: $(STAMP) ## ruff and mypy --strict
-	$(BIN)/ruff check novaque tests migrations benchmarks
-	$(BIN)/ruff format --check novaque tests migrations benchmarks
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy
 
 demo: $(STAMP) ## publish and consume on the embedded SQLite default (./novaque.db)

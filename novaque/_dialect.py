@@ -21,7 +21,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -50,6 +50,8 @@ m = messages
 _PREPARED: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
 
 NOTIFY_CHANNEL = "novaque"
+MIGRATION_LOCK_KEY = 0x6E6F7661717565  # "novaque"
+MIGRATION_LOCK_NAME = "novaque_migrate"
 #: An idle listening connection is checked with a query this often (seconds),
 #: so a connection that died silently is noticed and replaced.
 LISTEN_HEALTH_CHECK_S = 15.0
@@ -143,16 +145,27 @@ class Dialect:
 
     # -- set-up -----------------------------------------------------------------
 
-    def check_floor(self, conn: sa.Connection) -> None:
+    @classmethod
+    def check_floor(cls, conn: sa.Connection) -> None:
         version = tuple(conn.dialect.server_version_info or ())
-        if version < self.floor:
+        if version < cls.floor:
             raise UnsupportedDatabase(
-                f"{self.label(conn)} {_dotted(version)} is too old: novaque needs "
-                f"{self.label(conn)} >= {_dotted(self.floor)}"
+                f"{cls.label(conn)} {_dotted(version)} is too old: novaque needs "
+                f"{cls.label(conn)} >= {_dotted(cls.floor)}"
             )
 
-    def label(self, conn: sa.Connection) -> str:
-        return self.name
+    @classmethod
+    def label(cls, conn: sa.Connection) -> str:
+        return cls.name
+
+    @classmethod
+    @contextlib.contextmanager
+    def migration_lock(cls, conn: sa.Connection) -> Iterator[None]:
+        """Serialize migrations of many processes starting at once.
+
+        SQLite needs nothing more: novaque's transactions hold the write lock.
+        """
+        yield
 
     def db_now_us(self, conn: sa.Connection) -> int | None:
         """The server clock in epoch microseconds, or None to use the local clock."""
@@ -320,6 +333,13 @@ class PostgresDialect(Dialect):
             .order_by(claimed.c.id)
         )
 
+    @classmethod
+    @contextlib.contextmanager
+    def migration_lock(cls, conn: sa.Connection) -> Iterator[None]:
+        # Held to the end of the migration's transaction (DDL is transactional).
+        conn.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
+        yield
+
     def db_now_us(self, conn: sa.Connection) -> int | None:
         return int(
             conn.exec_driver_sql(
@@ -457,10 +477,12 @@ class MySQLDialect(Dialect):
     )
     _delete_ids = sa.delete(d).where(d.c.id.in_(sa.bindparam("p_ids", expanding=True)))
 
-    def label(self, conn: sa.Connection) -> str:
+    @classmethod
+    def label(cls, conn: sa.Connection) -> str:
         return "MariaDB" if getattr(conn.dialect, "is_mariadb", False) else "MySQL"
 
-    def check_floor(self, conn: sa.Connection) -> None:
+    @classmethod
+    def check_floor(cls, conn: sa.Connection) -> None:
         if getattr(conn.dialect, "is_mariadb", False):
             version = tuple(conn.dialect.server_version_info or ())
             if version < (10, 6):
@@ -470,6 +492,22 @@ class MySQLDialect(Dialect):
                 )
             return
         super().check_floor(conn)
+
+    @classmethod
+    @contextlib.contextmanager
+    def migration_lock(cls, conn: sa.Connection) -> Iterator[None]:
+        # A named lock of the session: DDL commits implicitly on MySQL, so a
+        # transaction-scoped lock would not last the whole migration.
+        got = conn.execute(sa.select(sa.func.get_lock(MIGRATION_LOCK_NAME, 600))).scalar()
+        if got != 1:
+            raise UnsupportedDatabase(
+                f"could not take the lock {MIGRATION_LOCK_NAME!r} within 600 s: "
+                "is another migration stuck?"
+            )
+        try:
+            yield
+        finally:
+            conn.execute(sa.select(sa.func.release_lock(MIGRATION_LOCK_NAME)))
 
     def db_now_us(self, conn: sa.Connection) -> int | None:
         return int(
@@ -579,9 +617,10 @@ class SQLiteDialect(Dialect):
         with self._turn:
             return super().run(fn, attempts=attempts)
 
-    def check_floor(self, conn: sa.Connection) -> None:
+    @classmethod
+    def check_floor(cls, conn: sa.Connection) -> None:
         version = sqlite3.sqlite_version_info
-        if version < self.floor:
+        if version < cls.floor:
             raise UnsupportedDatabase(
                 f"SQLite {_dotted(version)} is too old: novaque needs SQLite >= 3.35 "
                 "(for UPDATE ... RETURNING)"
@@ -660,6 +699,14 @@ def for_engine(engine: sa.Engine) -> Dialect:
     if cls is SQLiteDialect and engine not in _PREPARED:
         return SQLiteDialect(SQLiteDialect.own_engine(engine))
     return cls(engine)
+
+
+def class_for(conn: sa.Connection) -> type[Dialect]:
+    """The dialect class of a connection (for work done on the caller's connection)."""
+    cls = _DIALECTS.get(conn.dialect.name)
+    if cls is None:
+        raise UnsupportedDatabase(f"novaque does not support the {conn.dialect.name!r} database")
+    return cls
 
 
 def create_engine(url: str | sa.URL, pool_size: int) -> sa.Engine:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from pathlib import Path
 
+import alembic.context
+import alembic.op
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
@@ -46,12 +50,33 @@ def known_revisions() -> frozenset[str]:
     return frozenset(s.revision for s in ScriptDirectory.from_config(config()).walk_revisions())
 
 
+@contextlib.contextmanager
+def _nested_alembic_safe() -> Iterator[None]:
+    """Let an Alembic command run inside another one's ``env.py``.
+
+    Alembic publishes the running environment as module globals of
+    ``alembic.context`` and ``alembic.op`` and deletes them when a command
+    ends. Run from an application's ``env.py`` (see the guide), novaque's
+    command would delete the application's globals before its own command
+    ends; keep a copy and put it back.
+    """
+    modules = [alembic.context, alembic.op]
+    saved = [dict(vars(module)) for module in modules]
+    try:
+        yield
+    finally:
+        for module, before in zip(modules, saved, strict=True):
+            vars(module).update(before)
+
+
 def upgrade(connection: sa.Connection, to: str = "head") -> None:
-    command.upgrade(config(connection), to)
+    with _nested_alembic_safe():
+        command.upgrade(config(connection), to)
 
 
 def downgrade(connection: sa.Connection, to: str = "base") -> None:
-    command.downgrade(config(connection), to)
+    with _nested_alembic_safe():
+        command.downgrade(config(connection), to)
 
 
 def current(connection: sa.Connection) -> str | None:

@@ -29,6 +29,7 @@ __all__ = [
     "metadata",
     "stats",
     "topics",
+    "upgrade",
 ]
 
 metadata = sa.MetaData(
@@ -180,3 +181,19 @@ def include_object(
         else name
     )
     return not (table_name or "").startswith("novaque_")
+
+
+def upgrade(connection: sa.Connection, to: str = "head") -> None:
+    """Apply novaque's migrations on ``connection`` (its own version table).
+
+    For an application's Alembic ``env.py``: call it after the application's
+    own ``context.run_migrations()`` so that one ``alembic upgrade head`` brings
+    both histories up to date, each in its own version table (see the guide,
+    "Alembic"). Checks the database version floor first.
+    """
+    from novaque import _dialect, _migrate
+
+    dialect = _dialect.class_for(connection)
+    dialect.check_floor(connection)
+    with dialect.migration_lock(connection):
+        _migrate.upgrade(connection, to)

@@ -127,11 +127,16 @@ def _create_database(name: str, server_url: str) -> tuple[str, Callable[[], None
 
 
 def _docker_available() -> bool:
+    if not (os.environ.get("DOCKER_HOST") or Path("/var/run/docker.sock").exists()):
+        return False
     try:
         import docker  # type: ignore[import-untyped]
 
-        docker.from_env().ping()
-        return True
+        engine = docker.from_env()
+        try:
+            return bool(engine.ping())
+        finally:
+            engine.close()
     except Exception:
         return False
 

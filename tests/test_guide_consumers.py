@@ -38,8 +38,18 @@ def marker(block: str) -> str:
 
 
 def test_the_consumer_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chapter alone, with the ``engine`` and ``client`` of the guide's
+    "Connecting" section (tests/test_docs.py runs the whole guide)."""
     monkeypatch.chdir(tmp_path)
-    namespace: dict[str, object] = {"__name__": "guide_consumers"}
+    engine = sa.create_engine("sqlite:///guide.db")
+    client = novaque.Client(engine)
+    client.migrate()
+    namespace: dict[str, object] = {
+        "__name__": "guide_consumers",
+        "engine": engine,
+        "novaque": novaque,
+    }
+    namespace["client"] = client
     plain = [b for b in chapter_blocks() if not marker(b)]
     assert len(plain) >= 3
     try:
@@ -49,6 +59,7 @@ def test_the_consumer_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         for value in namespace.values():
             if isinstance(value, novaque.Client):
                 value.shutdown(timeout=10)
+        engine.dispose()
 
 
 def test_the_sigterm_recipe_stops_a_worker_cleanly(tmp_path: Path) -> None:

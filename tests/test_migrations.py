@@ -108,11 +108,11 @@ def test_floors_refuse_old_servers() -> None:
         dialect = SimpleNamespace(server_version_info=version, is_mariadb=mariadb)
         return SimpleNamespace(dialect=dialect)  # type: ignore[return-value]
 
-    pg = _dialect.PostgresDialect.__new__(_dialect.PostgresDialect)
+    pg = _dialect.PostgresDialect
     pg.check_floor(conn((14, 0)))
     with pytest.raises(novaque.UnsupportedDatabase, match=r"PostgreSQL 13.9 .* >= 14"):
         pg.check_floor(conn((13, 9)))
-    my = _dialect.MySQLDialect.__new__(_dialect.MySQLDialect)
+    my = _dialect.MySQLDialect
     my.check_floor(conn((8, 0, 1)))
     with pytest.raises(novaque.UnsupportedDatabase, match=r"MySQL 5.7.44 .* >= 8.0.1"):
         my.check_floor(conn((5, 7, 44)))
@@ -144,3 +144,19 @@ def test_alembic_ini_drives_the_same_migrations(tmp_path: Path) -> None:
         )
         assert done.returncode == 0, done.stderr
     assert novaque_tables(sa.create_engine(url)) == {schema.VERSION_TABLE}
+
+
+def test_processes_migrating_at_once_all_succeed(backend: Backend, tmp_path: Path) -> None:
+    url = backend.scratch_url(tmp_path)
+    code = "import sys, novaque; novaque.connect(sys.argv[1]).migrate()"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, url], cwd=ROOT, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(3)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+    client = novaque.Client(backend.engine(url))
+    assert client.list_topics() == []

@@ -1,0 +1,40 @@
+"""The suite itself: a configured but unreachable server fails the run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_an_unreachable_configured_server_fails_instead_of_skipping() -> None:
+    env = {
+        **os.environ,
+        "NOVAQUE_TEST_POSTGRES_URL": "postgresql+psycopg://postgres@127.0.0.1:1/postgres",
+        "NOVAQUE_TEST_MYSQL_URL": "mysql+pymysql://root@127.0.0.1:1/test",
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/test_publish.py::test_late_channel_does_not_see_earlier_messages",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "NOVAQUE_TEST_POSTGRES_URL is set" in done.stdout
+    assert "NOVAQUE_TEST_MYSQL_URL is set" in done.stdout
+    assert "1 passed" in done.stdout  # SQLite still ran
+    assert " skipped" not in done.stdout.splitlines()[-1]
