@@ -426,7 +426,9 @@ class _PostgresListener:
                 while self._wake_r.recv(4096):
                     pass
         if sock in ready:
-            topics = [n.payload for n in self._conn.notifies(timeout=0)]
+            # Read what arrived. A tiny timeout rather than 0, in case a
+            # psycopg version reads a falsy timeout as "wait forever".
+            topics = [n.payload for n in self._conn.notifies(timeout=0.001)]
             if topics:
                 self._checked = time.monotonic()
                 return topics
