@@ -578,17 +578,10 @@ class OperatingClient(CoreClient):
             self.log.debug("dead-letter retention deleted %d letters", total)
         return total
 
-    def run_maintenance(self) -> None:
-        """Run one pass of every maintenance job, synchronously.
-
-        The lease reaper, TTL purge, dead-letter retention
-        (:meth:`enforce_dead_retention`), stats flush and stats prune. For
-        tests, and for deployments that run maintenance from cron instead of
-        calling ``start()``.
-        """
-        super().run_maintenance()
-        if self.enforce_dead_retention():
-            self.flush_stats()  # the letters it purged count in this pass too
+    def _purge_pass(self) -> int:
+        """TTL purge, then dead-letter retention: the purge job of every
+        maintenance pass, in ``run_maintenance()`` and in ``start()``'s loop."""
+        return super()._purge_pass() + self.enforce_dead_retention()
 
     def _retire_older(self, channel_id: int, max_age_us: int) -> int:
         batch = self.options.maintenance_batch
