@@ -579,8 +579,7 @@ class CoreClient:
                 )
             ]
 
-        result: list[str] = self._run(read)
-        return result
+        return self._run(read)
 
     # -- low-level consuming ------------------------------------------------------------
 

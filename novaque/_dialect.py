@@ -278,13 +278,7 @@ class Dialect:
         self, conn: sa.Connection, channel_id: int, limit: int, now: int, until: int, token: str
     ) -> list[ClaimedRow]:
         """Lease up to ``limit`` due deliveries of a channel, oldest due first."""
-        params = {
-            "p_channel": channel_id,
-            "p_now": now,
-            "p_limit": limit,
-            "p_until": until,
-            "p_token": token,
-        }
+        params = _claim_params(channel_id, limit, now, until, token)
         leased = conn.execute(_claim_update_returning, params).all()
         return self._with_messages(conn, [(r[0], r[1], r[2], r[3]) for r in leased])
 
@@ -337,6 +331,18 @@ def _driver_sql(
     if compiled.positional:
         return compiled.string, tuple(values[name] for name in compiled.positiontup or ())
     return compiled.string, values
+
+
+def _claim_params(
+    channel_id: int, limit: int, now: int, until: int, token: str
+) -> dict[str, object]:
+    return {
+        "p_channel": channel_id,
+        "p_now": now,
+        "p_limit": limit,
+        "p_until": until,
+        "p_token": token,
+    }
 
 
 def _dotted(version: Iterable[object]) -> str:
@@ -411,13 +417,7 @@ class PostgresDialect(Dialect):
     ) -> list[ClaimedRow]:
         # One statement: lock (skipping rows other consumers hold), lease, and
         # return the message with each delivery.
-        params = {
-            "p_channel": channel_id,
-            "p_now": now,
-            "p_limit": limit,
-            "p_until": until,
-            "p_token": token,
-        }
+        params = _claim_params(channel_id, limit, now, until, token)
         return [
             ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6])
             for r in conn.execute(self._claim_stmt, params)
