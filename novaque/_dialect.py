@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import random
+import select
+import socket
 import sqlite3
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -53,6 +56,30 @@ _READ_COMMITTED: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
 NOTIFY_CHANNEL = "novaque"
 MIGRATION_LOCK_KEY = 0x6E6F7661717565  # "novaque"
 MIGRATION_LOCK_NAME = "novaque_migrate"
+#: An idle listening connection is checked with a query this often (seconds),
+#: so a connection that died silently is noticed and replaced.
+LISTEN_HEALTH_CHECK_S = 15.0
+
+
+class NotifyListener(Protocol):
+    """A connection that receives the wake-ups sent by :meth:`Dialect.notify`."""
+
+    def wait(self, timeout: float) -> list[str]:
+        """Wait up to ``timeout`` seconds; return the topics notified meanwhile.
+
+        Returns early (possibly with nothing) after :meth:`interrupt`. Raises
+        when the connection is lost; the caller then closes it and opens a
+        new one.
+        """
+        ...
+
+    def interrupt(self) -> None:
+        """Make a :meth:`wait` in another thread return at once."""
+        ...
+
+    def close(self) -> None:
+        """Close the connection (safe to call twice, and on a broken connection)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +281,14 @@ class Dialect:
     def notify(self, conn: sa.Connection, topic: str) -> None:
         """Wake listening consumers of ``topic`` when the transaction commits."""
 
+    def open_listener(self) -> NotifyListener | None:
+        """Open a connection that receives :meth:`notify` wake-ups.
+
+        Returns None where the database has no such push (consumers then only
+        poll). Raises if the server cannot be reached.
+        """
+        return None
+
     def insert_ignore(self, conn: sa.Connection, table: sa.Table, values: dict[str, Any]) -> None:
         """Insert a row unless it would break a unique constraint (then do nothing).
 
@@ -282,19 +317,44 @@ class Dialect:
             int(r[0]) for r in conn.execute(sa.delete(d).where(where).returning(d.c.channel_id))
         ]
 
+    # -- query plans ------------------------------------------------------------------
+
+    def claim_statement(self) -> sa.ClauseElement:
+        """The statement that picks and leases deliveries in :meth:`claim` (for plan checks).
+
+        Parameters: ``p_channel``, ``p_now``, ``p_limit``, ``p_until``, ``p_token``.
+        """
+        return _claim_update_returning
+
+    def explain(
+        self,
+        conn: sa.Connection,
+        stmt: sa.ClauseElement,
+        params: dict[str, Any],
+        *,
+        analyze: bool = False,
+    ) -> str:
+        """The database's plan for ``stmt`` with ``params``, as text (one line per row).
+
+        ``analyze`` runs the statement and reports real timings where the
+        database can (PostgreSQL ``EXPLAIN (ANALYZE, BUFFERS)``, MariaDB
+        ``ANALYZE``, MySQL ``EXPLAIN ANALYZE``); use it on reads only.
+        ``params`` fill the statement's bound parameters (not expanding ones).
+        """
+        sql, values = _driver_sql(conn, stmt, params)
+        rows = conn.exec_driver_sql(self._explain_prefix(conn, analyze) + sql, values).all()
+        return "\n".join(" ".join(str(v) for v in row) for row in rows)
+
+    def _explain_prefix(self, conn: sa.Connection, analyze: bool) -> str:
+        return "EXPLAIN (ANALYZE, BUFFERS) " if analyze else "EXPLAIN "
+
     # -- claiming -------------------------------------------------------------------
 
     def claim(
         self, conn: sa.Connection, channel_id: int, limit: int, now: int, until: int, token: str
     ) -> list[ClaimedRow]:
         """Lease up to ``limit`` due deliveries of a channel, oldest due first."""
-        params = {
-            "p_channel": channel_id,
-            "p_now": now,
-            "p_limit": limit,
-            "p_until": until,
-            "p_token": token,
-        }
+        params = _claim_params(channel_id, limit, now, until, token)
         leased = conn.execute(_claim_update_returning, params).all()
         return self._with_messages(conn, [(r[0], r[1], r[2], r[3]) for r in leased])
 
@@ -350,6 +410,30 @@ class Dialect:
         raise NotImplementedError
 
 
+def _driver_sql(
+    conn: sa.Connection, stmt: sa.ClauseElement, params: dict[str, Any]
+) -> tuple[str, Any]:
+    """``stmt`` compiled for the connection's driver, with its parameters in driver form."""
+    compiled = stmt.compile(dialect=conn.dialect)
+    assert isinstance(compiled, sa.sql.compiler.SQLCompiler)
+    values = compiled.construct_params(params)
+    if compiled.positional:
+        return compiled.string, tuple(values[name] for name in compiled.positiontup or ())
+    return compiled.string, values
+
+
+def _claim_params(
+    channel_id: int, limit: int, now: int, until: int, token: str
+) -> dict[str, object]:
+    return {
+        "p_channel": channel_id,
+        "p_now": now,
+        "p_limit": limit,
+        "p_until": until,
+        "p_token": token,
+    }
+
+
 def _dotted(version: Iterable[object]) -> str:
     return ".".join(str(part) for part in version)
 
@@ -386,6 +470,9 @@ class PostgresDialect(Dialect):
             .join_from(claimed, m, m.c.id == claimed.c.message_id)
             .order_by(claimed.c.id)
         )
+
+    def claim_statement(self) -> sa.ClauseElement:
+        return self._claim_stmt
 
     @classmethod
     @contextlib.contextmanager
@@ -489,18 +576,19 @@ class PostgresDialect(Dialect):
             int(c): int(n) for c, n in zip(row[1], row[2], strict=True)
         }
 
+    def open_listener(self) -> NotifyListener | None:
+        try:
+            import psycopg  # noqa: F401  (psycopg 3 reads notifications with a timeout)
+        except ImportError:
+            return None
+        return _PostgresListener(self.engine)
+
     def claim(
         self, conn: sa.Connection, channel_id: int, limit: int, now: int, until: int, token: str
     ) -> list[ClaimedRow]:
         # One statement: lock (skipping rows other consumers hold), lease, and
         # return the message with each delivery.
-        params = {
-            "p_channel": channel_id,
-            "p_now": now,
-            "p_limit": limit,
-            "p_until": until,
-            "p_token": token,
-        }
+        params = _claim_params(channel_id, limit, now, until, token)
         return [
             ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6])
             for r in conn.execute(self._claim_stmt, params)
@@ -508,6 +596,80 @@ class PostgresDialect(Dialect):
 
     def _insert(self, table: sa.Table) -> Any:
         return pg_dialect.insert(table)
+
+
+class _PostgresListener:
+    """``LISTEN novaque`` on a dedicated autocommit psycopg 3 connection.
+
+    The connection is held outside the engine's pool (it lives as long as the
+    client and must never be handed to a query): it is opened the way the
+    engine opens its connections (its ``connect_args``, ``creator`` and
+    connect events included) and then detached from the pool for good.
+    Waiting is a ``select`` on the connection's socket and a private socket
+    pair, so :meth:`interrupt` ends a wait at once; notifications are then
+    read without blocking.
+    """
+
+    def __init__(self, engine: sa.Engine) -> None:
+        import psycopg
+
+        conn: Any
+        if engine.dialect.driver == "psycopg":
+            proxied = engine.raw_connection()
+            proxied.detach()
+            conn = proxied.dbapi_connection
+        else:  # another driver for the engine: libpq keywords work for psycopg too
+            cargs, cparams = engine.dialect.create_connect_args(engine.url)
+            params: dict[str, Any] = {k: v for k, v in cparams.items() if isinstance(v, (str, int))}
+            params.setdefault("connect_timeout", 10)
+            conn = psycopg.connect(*cargs, **params)
+        self._conn = conn
+        self._wake_r, self._wake_w = socket.socketpair()
+        try:
+            self._conn.autocommit = True
+            self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            self._wake_r.setblocking(False)
+            self._wake_w.setblocking(False)
+        except BaseException:
+            self.close()
+            raise
+        self._checked = time.monotonic()
+
+    def wait(self, timeout: float) -> list[str]:
+        sock = self._conn.fileno()
+        ready, _, _ = select.select([sock, self._wake_r], [], [], max(timeout, 0.0))
+        if self._wake_r in ready:
+            with contextlib.suppress(BlockingIOError):
+                while self._wake_r.recv(4096):
+                    pass
+        if sock in ready:
+            # Read what arrived. A tiny timeout rather than 0, in case a
+            # psycopg version reads a falsy timeout as "wait forever".
+            topics = [n.payload for n in self._conn.notifies(timeout=0.001)]
+            if topics:
+                self._checked = time.monotonic()
+                return topics
+            # Readable without a notification: maybe the server is closing
+            # the connection. A query tells (it raises if so).
+            self._health_check()
+        elif time.monotonic() - self._checked > LISTEN_HEALTH_CHECK_S:
+            self._health_check()
+        return []
+
+    def _health_check(self) -> None:
+        self._conn.execute("SELECT 1")
+        self._checked = time.monotonic()
+
+    def interrupt(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._conn.close()
+        for sock in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                sock.close()
 
 
 class MySQLDialect(Dialect):
@@ -537,6 +699,31 @@ class MySQLDialect(Dialect):
     @classmethod
     def label(cls, conn: sa.Connection) -> str:
         return "MariaDB" if getattr(conn.dialect, "is_mariadb", False) else "MySQL"
+
+    def claim_statement(self) -> sa.ClauseElement:
+        return self._lock_ids
+
+    def explain(
+        self,
+        conn: sa.Connection,
+        stmt: sa.ClauseElement,
+        params: dict[str, Any],
+        *,
+        analyze: bool = False,
+    ) -> str:
+        if analyze and not getattr(conn.dialect, "is_mariadb", False):
+            return super().explain(conn, stmt, params, analyze=True)  # EXPLAIN ANALYZE: a tree
+        sql, values = _driver_sql(conn, stmt, params)
+        result = conn.exec_driver_sql(("ANALYZE " if analyze else "EXPLAIN ") + sql, values)
+        keys = list(result.keys())
+        # One line per table access: table, access type, index, rows, extra.
+        return "\n".join(
+            " ".join(f"{k}={v}" for k, v in zip(keys, row, strict=True) if v is not None)
+            for row in result
+        )
+
+    def _explain_prefix(self, conn: sa.Connection, analyze: bool) -> str:
+        return "EXPLAIN ANALYZE " if analyze else "EXPLAIN "
 
     @classmethod
     def check_floor(cls, conn: sa.Connection) -> None:
@@ -699,10 +886,34 @@ class MySQLDialect(Dialect):
         conn.execute(stmt, rows)
 
 
+#: One lock per SQLite file: novaque's transactions in one process take turns
+#: on it (see :meth:`SQLiteDialect.run`).
+_sqlite_locks: dict[str, threading.RLock] = {}
+_sqlite_locks_guard = threading.Lock()
+
+
 class SQLiteDialect(Dialect):
     name = "SQLite"
     floor = (3, 35)
     busy_timeout_ms = 30_000
+
+    def __init__(self, engine: sa.Engine) -> None:
+        super().__init__(engine)
+        key = engine.url.database or ""
+        with _sqlite_locks_guard:
+            self._turn = _sqlite_locks.setdefault(key, threading.RLock())
+
+    def run(
+        self, fn: Callable[[sa.Connection], T], *, attempts: int = 8, one_statement: bool = False
+    ) -> T:
+        # Every transaction of novaque's takes SQLite's write lock up front.
+        # Threads of one process wait for each other here, where the next one
+        # goes as soon as the lock is free, rather than in SQLite's busy
+        # handler, which sleeps for growing intervals (up to 100 ms) between
+        # tries: a consumer's claims and acks would otherwise stall each other.
+        # Other processes still meet in the busy handler.
+        with self._turn:
+            return super().run(fn, attempts=attempts, one_statement=one_statement)
 
     @classmethod
     def check_floor(cls, conn: sa.Connection) -> None:
@@ -762,6 +973,19 @@ class SQLiteDialect(Dialect):
                 self._fan_out_range, (visible, max_attempts, first, last, topic_id)
             )
         return list(range(first, last + 1)), {cid: len(bodies) for cid in channel_ids}
+
+    def explain(
+        self,
+        conn: sa.Connection,
+        stmt: sa.ClauseElement,
+        params: dict[str, Any],
+        *,
+        analyze: bool = False,
+    ) -> str:
+        # EXPLAIN QUERY PLAN rows are (id, parent, notused, detail); keep the detail.
+        sql, values = _driver_sql(conn, stmt, params)
+        rows = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, values).all()
+        return "\n".join(str(row[-1]) for row in rows)
 
     @classmethod
     def own_engine(cls, engine: sa.Engine) -> sa.Engine:
