@@ -86,9 +86,9 @@ class Database:
             version.split(" on ")[0] if self.backend == "postgres" else f"MariaDB/MySQL {version}"
         )
 
-    def reset(self) -> None:
-        """Empty novaque's tables and the floor's table."""
-        tables = [t.name for t in reversed(schema.metadata.sorted_tables)]
+    def reset(self, *, floor_only: bool = False) -> None:
+        """Empty novaque's tables and the floor's table (only the floor's if asked)."""
+        tables = [] if floor_only else [t.name for t in reversed(schema.metadata.sorted_tables)]
         engine = sa.create_engine(self.url, poolclass=sa.NullPool)
         try:
             with engine.begin() as conn:

@@ -207,27 +207,36 @@ class Floor:
         finally:
             conn.close()
 
-    def drain(
+    def drain_on(
         self,
+        conn: Any,
         n: int,
         limit: int,
         deadline: Deadline,
-        on_message: Callable[[int], None] | None = None,
-    ) -> Run:
-        """Claim up to ``limit``, "handle" (nothing), ack; until ``n`` are done."""
+        on_batch: Callable[[int], None] | None = None,
+    ) -> int:
+        """Claim up to ``limit``, "handle" (nothing), ack; until ``n`` are done.
+
+        Returns how many were done (fewer if ``deadline`` passed first).
+        """
+        done = 0
+        while done < n and not deadline.passed():
+            rows = self.claim(conn, min(limit, n - done))
+            if not rows:
+                time.sleep(0.001)
+                continue
+            self.ack(conn, [r[0] for r in rows])
+            done += len(rows)
+            if on_batch is not None:
+                on_batch(len(rows))
+        return done
+
+    def drain(self, n: int, limit: int, deadline: Deadline) -> Run:
+        """Drain ``n`` rows on a connection of its own, timed."""
         conn = self.connect()
         try:
-            done = 0
             started = time.perf_counter()
-            while done < n and not deadline.passed():
-                rows = self.claim(conn, limit)
-                if not rows:
-                    time.sleep(0.001)
-                    continue
-                self.ack(conn, [r[0] for r in rows])
-                done += len(rows)
-                if on_message is not None:
-                    on_message(len(rows))
+            done = self.drain_on(conn, n, limit, deadline)
             return Run(done, n, time.perf_counter() - started)
         finally:
             conn.close()

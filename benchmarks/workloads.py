@@ -169,54 +169,83 @@ def fanout(db: Database, sizes: Sizes, deadline: Deadline) -> Run:
 # -- W2 / W4: draining ----------------------------------------------------------------
 
 
+class GatedDrain:
+    """One consumer (``subscribe``, ``max_in_flight``) draining pre-published messages,
+    in timed slices.
+
+    The handler passes a gate: while it is closed the consumer stalls (its
+    workers wait, so it claims nothing more), which lets the floor run in
+    between on a quiet machine. :meth:`advance` opens the gate until the
+    consumer has handled ``target`` messages in all and returns the seconds
+    that took. A slice may leave up to ``max_in_flight`` handlers past the
+    gate and one claim or ack batch in flight when it closes; that work is
+    counted in the next slice (at most one batch in 100 for slices of 1,000).
+    """
+
+    def __init__(
+        self, db: Database, sizes: Sizes, n: int, *, topic: str = TOPIC, prefilled: bool = False
+    ) -> None:
+        self.n = n
+        self.topic = topic
+        self.client = make_client(db, sizes)
+        self.handled = 0
+        self._counter = itertools.count(1)
+        self._gate = threading.Event()
+        self._reached = threading.Event()
+        self._target = 0
+        self._at = 0.0
+        self.client.ensure_channel(topic, CHANNEL)
+        if not prefilled:
+            prefill(self.client, n, topic=topic)
+        self.consumer = start_consumer(self.client, self._handle, sizes, topic=topic)
+
+    def _handle(self, msg: novaque.Message) -> None:
+        self._gate.wait()
+        self.handled = next(self._counter)
+        if self.handled >= self._target and not self._reached.is_set():
+            self._at = time.perf_counter()
+            self._reached.set()
+
+    def advance(self, target: int, deadline: Deadline) -> float:
+        """Let the consumer run until ``target`` messages are handled; the seconds taken."""
+        self._target = min(target, self.n)
+        self._reached.clear()
+        started = time.perf_counter()
+        if self.handled >= self._target:
+            return 0.0
+        self._gate.set()
+        reached = self._reached.wait(deadline.left())
+        self._gate.clear()
+        return (self._at if reached else time.perf_counter()) - started
+
+    def close(self) -> dict[str, Any]:
+        """Stop the consumer (flushing its acks); what is left to check the run."""
+        self._gate.set()
+        try:
+            started = time.perf_counter()
+            self.consumer.shutdown(timeout=10)
+            shutdown_s = time.perf_counter() - started
+            return {
+                "shutdown_s": round(shutdown_s, 4),
+                "left_after": _ready_left(self.client, self.topic),
+                "consumer": consumer_kind(self.client),
+            }
+        finally:
+            close_client(self.client)
+
+
 def drain(
     db: Database, sizes: Sizes, deadline: Deadline, *, topic: str = TOPIC, prefilled: bool = False
 ) -> Run:
-    """W2 (and W4 on a channel with a backlog): one process drains ``w2_messages``.
-
-    The clock runs from ``consumer.start()`` to the return of the handler of
-    the last message; the acks still buffered then are flushed by
-    ``shutdown`` (timed separately), and the run checks none is left.
-    """
+    """One process drains ``w2_messages`` in one go (for profiling)."""
     n = sizes.w2_messages
-    client = make_client(db, sizes)
+    gated = GatedDrain(db, sizes, n, topic=topic, prefilled=prefilled)
     try:
-        client.ensure_channel(topic, CHANNEL)
-        if not prefilled:
-            prefill(client, n, topic=topic)
-        counter = itertools.count(1)
-        handled = 0
-        finished = threading.Event()
-        last = [0.0]
-
-        def handler(msg: novaque.Message) -> None:
-            nonlocal handled
-            handled = next(counter)
-            if handled >= n:
-                last[0] = time.perf_counter()
-                finished.set()
-
-        started = time.perf_counter()
-        consumer = start_consumer(client, handler, sizes, topic=topic)
-        finished.wait(deadline.left())
-        ended = last[0] if finished.is_set() else time.perf_counter()
-        done = handled
-        t0 = time.perf_counter()
-        consumer.shutdown(timeout=10)
-        shutdown_s = time.perf_counter() - t0
-        left = _ready_left(client, topic)
-        return Run(
-            min(done, n),
-            n,
-            ended - started,
-            extra={
-                "shutdown_s": round(shutdown_s, 4),
-                "left_after": left,
-                "consumer": consumer_kind(client),
-            },
-        )
+        seconds = gated.advance(n, deadline)
+        done = min(gated.handled, n)
     finally:
-        close_client(client)
+        extra = gated.close()
+    return Run(done, n, seconds, extra=extra)
 
 
 def _ready_left(client: novaque.Client, topic: str) -> int:
