@@ -931,6 +931,38 @@ class SQLiteDialect(Dialect):
     def _insert(self, table: sa.Table) -> Any:
         return sqlite_dialect.insert(table)
 
+    # Claim in one statement: RETURNING cannot join, but it can read each
+    # leased delivery's message fields with primary-key subqueries.
+    _claim_stmt = (
+        sa.update(d)
+        .where(d.c.id.in_(_claim_ids.scalar_subquery()))
+        .values(_lease_values)
+        .returning(
+            d.c.id,
+            d.c.message_id,
+            d.c.attempts,
+            d.c.max_attempts,
+            *(
+                sa.select(col).where(m.c.id == d.c.message_id).correlate(d).scalar_subquery()
+                for col in (m.c.body, m.c.headers, m.c.published_at)
+            ),
+        )
+    )
+
+    def claim_statement(self) -> sa.ClauseElement:
+        return self._claim_stmt
+
+    def claim(
+        self, conn: sa.Connection, channel_id: int, limit: int, now: int, until: int, token: str
+    ) -> list[ClaimedRow]:
+        params = _claim_params(channel_id, limit, now, until, token)
+        rows = [
+            ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6])
+            for r in conn.execute(self._claim_stmt, params)
+        ]
+        rows.sort(key=lambda row: row.delivery_id)
+        return rows
+
     _insert_messages = (
         f"INSERT INTO {m.name} (topic_id, body, headers, published_at, expires_at, max_attempts) "
         "VALUES (?, ?, ?, ?, ?, ?)"
@@ -1031,7 +1063,9 @@ class SQLiteDialect(Dialect):
 
         @event.listens_for(engine, "begin")
         def _begin(conn: sa.Connection) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            # Straight to the driver: this runs before every transaction, and
+            # SQLAlchemy's statement machinery would cost more than SQLite does.
+            conn.connection.dbapi_connection.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
 
 
 _DIALECTS: dict[str, type[Dialect]] = {
