@@ -186,7 +186,8 @@ class Dialect:
         """True for errors a repeat of the same transaction can cure (deadlock, busy)."""
         return False
 
-    #: Operations ("publish", "claim", "ack", "settle": requeue, reject, renew)
+    #: Operations ("publish", "claim", "ack", "ack_claim", "settle": requeue,
+    #: reject, renew)
     #: that this dialect does in a single
     #: statement; their callers pass ``one_statement=True`` to :meth:`run`.
     one_statement_ops: ClassVar[frozenset[str]] = frozenset()
@@ -374,6 +375,24 @@ class Dialect:
         rows.sort(key=lambda row: row.delivery_id)
         return rows
 
+    def ack_and_claim(
+        self,
+        conn: sa.Connection,
+        pairs: Sequence[tuple[int, str]],
+        channel_id: int,
+        limit: int,
+        now: int,
+        until: int,
+        token: str,
+    ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
+        """:meth:`delete_leased_pairs`, then :meth:`claim`, in the caller's transaction.
+
+        The deliveries acked are gone before the claim looks, so it never
+        leases one of them (not even one whose lease had expired).
+        """
+        done = self.delete_leased_pairs(conn, pairs)
+        return done, self.claim(conn, channel_id, limit, now, until, token)
+
     # -- settling -------------------------------------------------------------------
 
     def delete_leased(self, conn: sa.Connection, ids: Sequence[int], token: str) -> set[int]:
@@ -481,7 +500,7 @@ class PostgresDialect(Dialect):
         conn.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
         yield
 
-    one_statement_ops = frozenset({"publish", "claim", "ack", "settle"})
+    one_statement_ops = frozenset({"publish", "claim", "ack", "ack_claim", "settle"})
 
     @contextlib.contextmanager
     def _transaction(self, one_statement: bool) -> Iterator[sa.Connection]:
@@ -505,6 +524,62 @@ class PostgresDialect(Dialect):
         RETURNING d.id, d.lease_token
         """
     )
+
+    # Ack and claim in one statement: the acks' DELETE and the claim's UPDATE
+    # run on one snapshot, so the claim leaves out the deliveries being acked
+    # by id (one whose lease expired would otherwise be both deleted and
+    # leased by the same statement).
+    _ack_and_claim = sa.text(
+        f"""
+        WITH acked AS (
+            DELETE FROM {d.name} AS d
+            USING unnest(CAST(:ids AS BIGINT[]), CAST(:tokens AS TEXT[])) AS a(id, token)
+            WHERE d.id = a.id AND d.lease_token = a.token
+            RETURNING d.id, d.lease_token
+        ), claimed AS (
+            UPDATE {d.name}
+            SET state = {STATE_LEASED}, visible_at = :p_until, lease_token = :p_token,
+                attempts = attempts + 1
+            WHERE id IN (
+                SELECT id FROM {d.name}
+                WHERE channel_id = :p_channel AND visible_at <= :p_now
+                  AND attempts < max_attempts AND id <> ALL(CAST(:ids AS BIGINT[]))
+                ORDER BY visible_at, id
+                LIMIT :p_limit
+                FOR UPDATE SKIP LOCKED
+            )
+            RETURNING id, message_id, attempts, max_attempts
+        )
+        SELECT 0, id, NULL, NULL, NULL, NULL, NULL, NULL, lease_token FROM acked
+        UNION ALL
+        SELECT 1, c.id, c.message_id, c.attempts, c.max_attempts, m.body, m.headers,
+               m.published_at, NULL
+        FROM claimed c JOIN {m.name} m ON m.id = c.message_id
+        """
+    )
+
+    def ack_and_claim(
+        self,
+        conn: sa.Connection,
+        pairs: Sequence[tuple[int, str]],
+        channel_id: int,
+        limit: int,
+        now: int,
+        until: int,
+        token: str,
+    ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
+        ordered = sorted(pairs)
+        params = _claim_params(channel_id, limit, now, until, token)
+        params.update(ids=[p[0] for p in ordered], tokens=[p[1] for p in ordered])
+        done: set[tuple[int, str]] = set()
+        rows: list[ClaimedRow] = []
+        for r in conn.execute(self._ack_and_claim, params):
+            if r[0] == 0:
+                done.add((int(r[1]), str(r[8])))
+            else:
+                rows.append(ClaimedRow(r[1], r[2], r[3], r[4], bytes(r[5]), r[6], r[7]))
+        rows.sort(key=lambda row: row.delivery_id)
+        return done, rows
 
     def delete_leased_pairs(
         self, conn: sa.Connection, pairs: Sequence[tuple[int, str]]

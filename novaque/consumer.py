@@ -4,11 +4,12 @@ A :class:`Consumer` is made by :meth:`novaque.Client.subscribe`. Once started
 it runs four kinds of threads:
 
 - the **claim loop** leases up to ``max_in_flight`` deliveries at a time, only
-  as many as there are idle workers, so nothing it claims waits long;
+  as many as there are idle workers, so nothing it claims waits long; the
+  acks that piled up since its last claim go in the same transaction (one
+  commit for both, one round trip on PostgreSQL);
 - ``max_in_flight`` **workers** run the handler, one message each;
-- the **settler** writes the outcomes in batches: every ack that piled up
-  while the last batch was written goes in one ``ack_many`` round trip;
-  retries and rejections follow;
+- the **settler** writes retries and rejections, and the acks once claiming
+  has stopped (in one ``ack_many`` round trip per batch);
 - the **heartbeat** renews the lease of every delivery the consumer holds
   once half of it has run out, so a slow but alive handler is not delivered
   twice.
@@ -47,6 +48,8 @@ Handler = Callable[[Message], object]
 #: First and largest wait (seconds) after a database error in a background loop.
 ERROR_DELAY_FIRST_S = 0.1
 ERROR_DELAY_CAP_S = 5.0
+#: Longest wait of the claim loop for more handlers to finish before it claims.
+CLAIM_LINGER_S = 0.002
 #: Bounds of the heartbeat's tick (seconds of real time): a quarter of the lease.
 HEARTBEAT_TICK_MIN_S = 0.05
 HEARTBEAT_TICK_MAX_S = 5.0
@@ -143,6 +146,8 @@ class Consumer:
         #: What happened so far (claim passes, handlers started, acks, ...):
         #: tests wait on these instead of sleeping.
         self._signals = Signals()
+        #: Running average of handler durations (seconds); see _linger.
+        self._handler_s = 0.0
 
     def __repr__(self) -> str:
         return (
@@ -291,21 +296,30 @@ class Consumer:
             self._wake.clear()
             if self._stop_claiming.is_set():
                 return
+            self._linger()
             with self._lock:
                 free = self.max_in_flight - len(self._work) - len(self._running)
+                acks = self._take_acks()
             if free <= 0:
-                self._wake.wait(1.0)
+                if acks:
+                    self._settle_acks(acks)
+                else:
+                    self._wake.wait(1.0)
                 continue
             try:
                 if channel_id is None:
                     channel_id = self._client._channel_id(self.topic, self.channel)
-                got = self._client._claim(self.topic, self.channel, channel_id, free, self.lease)
+                lost, got = self._client._ack_and_claim(
+                    [o.msg for o in acks], self.topic, self.channel, channel_id, free, self.lease
+                )
             except Exception as exc:
                 channel_id = None
+                self._give_back(acks)
                 self._signals.bump("claim_errors")
                 self._log_failure(errors, "claiming", exc)
                 self._stop_claiming.wait(errors.next())
                 continue
+            self._acked(acks, lost)
             errors.reset()
             self._signals.bump("polls")
             if not got:
@@ -359,13 +373,18 @@ class Consumer:
                 msg = self._work.popleft()
                 self._running[_key(msg)] = msg
             self._signals.bump("started")
+            started = time.monotonic()
             outcome = self._handle(msg)
+            # A running average of handler times: the claim loop lingers only
+            # for handlers quicker than its linger (benign race between workers).
+            self._handler_s += (time.monotonic() - started - self._handler_s) / 16
             with self._lock:
                 del self._running[_key(msg)]
                 late = self._state == _STOPPED
                 if not late:
                     self._results.append(outcome)
-                    self._results_ready.notify()
+                    if outcome.kind != "ack" or self._stop_claiming.is_set():
+                        self._results_ready.notify()  # acks go with the next claim
             self._wake.set()  # a worker is free: claim more
             self._signals.bump("handled")
             if late:
@@ -402,16 +421,100 @@ class Consumer:
 
     # -- settling ---------------------------------------------------------------------
 
+    def _linger(self) -> None:
+        """Before claiming for some free workers, wait a moment for the others.
+
+        Quick handlers (on average shorter than :data:`CLAIM_LINGER_S`) that
+        finish within that time of each other share one claim, and their acks
+        one write, instead of one each. Never waits for slower handlers (a
+        free worker would idle) nor when no handler runs (an idle consumer
+        claims at once).
+        """
+        if self._handler_s >= CLAIM_LINGER_S:
+            return
+        until = time.monotonic() + CLAIM_LINGER_S
+        while True:
+            with self._lock:
+                busy = len(self._running) + len(self._work)
+                if not busy or busy >= self.max_in_flight:
+                    return
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            self._wake.clear()
+            self._wake.wait(left)
+
+    # Acks ride with the next claim: the claim loop takes the acks that piled
+    # up and writes them in the transaction that leases the next batch (one
+    # commit, and one round trip on PostgreSQL, instead of two). The settler
+    # writes retries and rejections, and the acks once claiming has stopped.
+
+    def _take_acks(self) -> list[_Outcome]:
+        """Remove and return the pending acks (call with the lock held)."""
+        if not self._results:
+            return []
+        acks = [o for o in self._results if o.kind == "ack"]
+        if acks:
+            rest = [o for o in self._results if o.kind != "ack"]
+            self._results.clear()
+            self._results.extend(rest)
+        return acks
+
+    def _give_back(self, acks: list[_Outcome]) -> None:
+        """Acks the claim loop could not write go back to the queue, to be retried."""
+        if acks:
+            with self._lock:
+                self._results.extendleft(reversed(acks))
+                self._results_ready.notify()
+
+    def _settle_acks(self, acks: list[_Outcome]) -> None:
+        """Write acks without claiming (no worker is free)."""
+        try:
+            lost = self._client.ack_many([o.msg for o in acks])
+        except Exception as exc:
+            self._signals.bump("settle_errors")
+            self._log.error("could not ack %d messages: %s", len(acks), _short(exc))
+            self._give_back(acks)
+            self._stop_claiming.wait(ERROR_DELAY_FIRST_S)
+            return
+        self._acked(acks, lost)
+
+    def _acked(self, acks: list[_Outcome], lost: list[Message]) -> None:
+        """Book the outcome of written acks (``lost``: those whose lease was lost)."""
+        if not acks:
+            return
+        lost_ids = {id(m) for m in lost}
+        for outcome in acks:
+            if id(outcome.msg) in lost_ids:
+                self._lease_lost_on_settle(outcome)
+            else:
+                self._settled(outcome.msg)
+        self._signals.bump("acked", len(acks) - len(lost))
+
+    def _settler_batch(self) -> list[_Outcome]:
+        """What the settler writes now (call with the lock held): everything once
+        claiming has stopped, else all but the acks."""
+        if self._stop_claiming.is_set():
+            batch = list(self._results)
+            self._results.clear()
+            return batch
+        batch = [o for o in self._results if o.kind != "ack"]
+        if batch:
+            acks = [o for o in self._results if o.kind == "ack"]
+            self._results.clear()
+            self._results.extend(acks)
+        return batch
+
     def _settle_loop(self) -> None:
         errors = RetryDelay()
         while True:
             with self._lock:
-                while not self._results and not self._settler_stop:
+                batch = self._settler_batch()
+                while not batch and not self._settler_stop:
                     self._results_ready.wait()
-                if not self._results:
+                    batch = self._settler_batch()
+                if not batch:
                     return
-                batch = list(self._results)
-                self._results.clear()
             failed = self._settle(batch)
             if not failed:
                 errors.reset()
@@ -440,13 +543,7 @@ class Consumer:
                 self._log.error("could not ack %d messages: %s", len(acks), _short(exc))
                 failed.extend(acks)
             else:
-                lost_ids = {id(m) for m in lost}
-                for outcome in acks:
-                    if id(outcome.msg) in lost_ids:
-                        self._lease_lost_on_settle(outcome)
-                    else:
-                        self._settled(outcome.msg)
-                self._signals.bump("acked", len(acks) - len(lost))
+                self._acked(acks, lost)
         for outcome in batch:
             if outcome.kind == "ack":
                 continue

@@ -1,0 +1,70 @@
+"""Acking one batch and claiming the next in one transaction (what a consumer does)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import novaque
+from tests.conftest import FakeClock
+
+
+def setup(client: novaque.Client, n: int) -> tuple[list[int], int]:
+    client.ensure_channel("t", "c")
+    ids = [client.publish("t", f"m{i}") for i in range(n)]
+    return ids, client._channel_id("t", "c")
+
+
+def test_acks_the_batch_and_leases_the_next_in_order(client: novaque.Client) -> None:
+    ids, channel_id = setup(client, 7)
+    first = client.claim("t", "c", max_messages=3)
+    lost, second = client._ack_and_claim(first, "t", "c", channel_id, 3, 30.0)
+    assert lost == []
+    assert [m.id for m in second] == ids[3:6]
+    assert [m.body for m in second] == [b"m3", b"m4", b"m5"]
+    assert {m.lease_token for m in second} != {m.lease_token for m in first}
+    assert all(m.attempts == 1 for m in second)
+    lost, third = client._ack_and_claim(second, "t", "c", channel_id, 5, 30.0)
+    assert lost == []
+    assert [m.id for m in third] == ids[6:]
+    client.ack_many(third)
+    # Everything was acked exactly once: nothing left, counters agree.
+    assert client.claim("t", "c", max_messages=10) == []
+    client.flush_stats()
+    counters = client.channel_counters("t", "c")
+    assert (counters.claimed, counters.acked) == (7, 7)
+    backlog = client.channel_backlog("t", "c")
+    assert (backlog.ready, backlog.in_flight, backlog.pending) == (0, 0, 0)
+
+
+def test_a_stale_token_is_reported_lost_and_its_delivery_kept(client: novaque.Client) -> None:
+    _, channel_id = setup(client, 3)
+    [held] = client.claim("t", "c", max_messages=1)
+    stale = replace(held, lease_token="0" * 32)
+    lost, got = client._ack_and_claim([stale], "t", "c", channel_id, 1, 30.0)
+    assert lost == [stale]
+    assert len(got) == 1
+    assert got[0].delivery_id != held.delivery_id
+    client.ack(held)  # the real lease was untouched: it still settles
+    client.ack(got[0])
+
+
+def test_an_expired_lease_being_acked_is_not_claimed_again_by_the_same_call(
+    client: novaque.Client, clock: FakeClock
+) -> None:
+    ids, channel_id = setup(client, 2)
+    [held] = client.claim("t", "c", max_messages=1, lease=1)
+    clock.advance(5)  # expired, not reaped: its token still settles
+    lost, got = client._ack_and_claim([held], "t", "c", channel_id, 10, 30.0)
+    assert lost == []
+    assert [m.id for m in got] == [ids[1]]
+    client.ack(got[0])
+    assert client.claim("t", "c", max_messages=10) == []
+
+
+def test_without_free_slots_it_only_acks(client: novaque.Client) -> None:
+    _, channel_id = setup(client, 2)
+    first = client.claim("t", "c", max_messages=1)
+    lost, got = client._ack_and_claim(first, "t", "c", channel_id, 0, 30.0)
+    assert (lost, got) == ([], [])
+    [last] = client.claim("t", "c", max_messages=10)
+    client.ack(last)
