@@ -26,8 +26,14 @@ def wait_for_start(out: str) -> None:
         time.sleep(0.005)
 
 
-def claim_all(url: str, topic: str, channel: str, out: str, batch: int = 10) -> None:
-    client = novaque.Client(sa.create_engine(url))
+def claim_all(url: str, topic: str, channel: str, out: str, how: str = "plain") -> None:
+    """Claim and ack until the channel stays empty for a second.
+
+    ``how`` is "connect" for an engine built by novaque.connect, "plain" for
+    the application's own ``create_engine`` (both must behave the same).
+    """
+    batch = 10
+    client = novaque.connect(url) if how == "connect" else novaque.Client(sa.create_engine(url))
     client.list_topics()  # connect and check the schema before the start line
     wait_for_start(out)
     idle_since: float | None = None
