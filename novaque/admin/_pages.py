@@ -65,6 +65,7 @@ class Pages:
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:,">
 <title>{h(title)} · novaque admin</title>
 <meta name="novaque-csrf" content="{h(self.csrf)}">
 <meta name="novaque-root" content="{h(self.root)}">
@@ -399,7 +400,7 @@ The numbers refresh every few seconds.</p>
 <section class="card"><h2>Replay a time range</h2>
 <form class="stack" data-replay-range="{h(self.api(f"/topics/{q(topic)}/replay"))}">
   <label>since (UTC) <input name="since" type="datetime-local" step="1" required value="{h(query.get("since", ""))}"></label>
-  <label>until (UTC) <input name="until" type="datetime-local" step="1" required value="{h(query.get("until", ""))}"></label>
+  <label>until (UTC, exclusive) <input name="until" type="datetime-local" step="1" required value="{h(query.get("until", ""))}"></label>
   <div>to channels: {channel_boxes or '<span class="muted">none</span>'}</div>
   <button class="btn" type="submit">Replay range</button>
 </form></section>"""
