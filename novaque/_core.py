@@ -9,7 +9,7 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -141,13 +141,14 @@ class CoreClient:
         """
         with self._dialect.engine.begin() as conn:
             self._dialect.check_floor(conn)
-            _migrate.upgrade(conn, to)
+            with self._dialect.migration_lock(conn):
+                _migrate.upgrade(conn, to)
         self._schema_ok.clear()
         self.log.info("novaque schema migrated to %s", to)
 
     def downgrade(self, to: str = "base") -> None:
         """Revert novaque's migrations down to ``to``; ``base`` drops every table."""
-        with self._dialect.engine.begin() as conn:
+        with self._dialect.engine.begin() as conn, self._dialect.migration_lock(conn):
             _migrate.downgrade(conn, to)
         self._schema_ok.clear()
         self._topic_ids.clear()
@@ -325,10 +326,10 @@ class CoreClient:
         ids: list[int | None] = [None] * len(rows)
         fresh: list[int] = []  # ids of the messages really inserted
         plain = [i for i, row in enumerate(rows) if row["dedup_key"] is None]
-        if plain:
+        for chunk in _chunks(plain, rows):
             for i, message_id in zip(
-                plain,
-                self._dialect.insert_messages(conn, [rows[i] for i in plain]),
+                chunk,
+                self._dialect.insert_messages(conn, [rows[i] for i in chunk]),
                 strict=True,
             ):
                 ids[i] = message_id
@@ -912,6 +913,28 @@ class CoreClient:
             lambda conn: conn.execute(sa.delete(stats).where(stats.c.day < first_kept)).rowcount
         )
         return result
+
+
+#: Largest batch of bodies sent in one INSERT. PyMySQL sends bodies escaped
+#: into the statement text (up to twice their size), and MariaDB's default
+#: ``max_allowed_packet`` is 16 MiB: 4 MiB batches fit with room to spare.
+INSERT_BATCH_BYTES = 4 * 1024 * 1024
+INSERT_BATCH_ROWS = 1000
+
+
+def _chunks(indexes: list[int], rows: list[dict[str, Any]]) -> Iterator[list[int]]:
+    """Split row indexes into batches bounded in rows and in body bytes."""
+    chunk: list[int] = []
+    size = 0
+    for i in indexes:
+        length = len(rows[i]["body"])
+        if chunk and (size + length > INSERT_BATCH_BYTES or len(chunk) >= INSERT_BATCH_ROWS):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(i)
+        size += length
+    if chunk:
+        yield chunk
 
 
 def _lost_text(msg: Message) -> str:

@@ -13,11 +13,12 @@ compiled cache serves every call.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import sqlite3
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -46,6 +47,8 @@ m = messages
 _PREPARED: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
 
 NOTIFY_CHANNEL = "novaque"
+MIGRATION_LOCK_KEY = 0x6E6F7661717565  # "novaque"
+MIGRATION_LOCK_NAME = "novaque_migrate"
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +130,15 @@ class Dialect:
     @classmethod
     def label(cls, conn: sa.Connection) -> str:
         return cls.name
+
+    @classmethod
+    @contextlib.contextmanager
+    def migration_lock(cls, conn: sa.Connection) -> Iterator[None]:
+        """Serialize migrations of many processes starting at once.
+
+        SQLite needs nothing more: novaque's transactions hold the write lock.
+        """
+        yield
 
     def db_now_us(self, conn: sa.Connection) -> int | None:
         """The server clock in epoch microseconds, or None to use the local clock."""
@@ -286,6 +298,13 @@ class PostgresDialect(Dialect):
             .order_by(claimed.c.id)
         )
 
+    @classmethod
+    @contextlib.contextmanager
+    def migration_lock(cls, conn: sa.Connection) -> Iterator[None]:
+        # Held to the end of the migration's transaction (DDL is transactional).
+        conn.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
+        yield
+
     def db_now_us(self, conn: sa.Connection) -> int | None:
         return int(
             conn.exec_driver_sql(
@@ -359,6 +378,22 @@ class MySQLDialect(Dialect):
                 )
             return
         super().check_floor(conn)
+
+    @classmethod
+    @contextlib.contextmanager
+    def migration_lock(cls, conn: sa.Connection) -> Iterator[None]:
+        # A named lock of the session: DDL commits implicitly on MySQL, so a
+        # transaction-scoped lock would not last the whole migration.
+        got = conn.execute(sa.select(sa.func.get_lock(MIGRATION_LOCK_NAME, 600))).scalar()
+        if got != 1:
+            raise UnsupportedDatabase(
+                f"could not take the lock {MIGRATION_LOCK_NAME!r} within 600 s: "
+                "is another migration stuck?"
+            )
+        try:
+            yield
+        finally:
+            conn.execute(sa.select(sa.func.release_lock(MIGRATION_LOCK_NAME)))
 
     def db_now_us(self, conn: sa.Connection) -> int | None:
         return int(
@@ -530,12 +565,12 @@ def for_engine(engine: sa.Engine) -> Dialect:
     return cls(engine)
 
 
-def floor_check(conn: sa.Connection) -> None:
-    """Raise :class:`UnsupportedDatabase` if ``conn``'s server is below novaque's floor."""
+def class_for(conn: sa.Connection) -> type[Dialect]:
+    """The dialect class of a connection (for work done on the caller's connection)."""
     cls = _DIALECTS.get(conn.dialect.name)
     if cls is None:
         raise UnsupportedDatabase(f"novaque does not support the {conn.dialect.name!r} database")
-    cls.check_floor(conn)
+    return cls
 
 
 def create_engine(url: str | sa.URL, pool_size: int) -> sa.Engine:

@@ -193,5 +193,7 @@ def upgrade(connection: sa.Connection, to: str = "head") -> None:
     """
     from novaque import _dialect, _migrate
 
-    _dialect.floor_check(connection)
-    _migrate.upgrade(connection, to)
+    dialect = _dialect.class_for(connection)
+    dialect.check_floor(connection)
+    with dialect.migration_lock(connection):
+        _migrate.upgrade(connection, to)

@@ -144,3 +144,19 @@ def test_alembic_ini_drives_the_same_migrations(tmp_path: Path) -> None:
         )
         assert done.returncode == 0, done.stderr
     assert novaque_tables(sa.create_engine(url)) == {schema.VERSION_TABLE}
+
+
+def test_processes_migrating_at_once_all_succeed(backend: Backend, tmp_path: Path) -> None:
+    url = backend.scratch_url(tmp_path)
+    code = "import sys, novaque; novaque.connect(sys.argv[1]).migrate()"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, url], cwd=ROOT, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(3)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+    client = novaque.Client(backend.engine(url))
+    assert client.list_topics() == []

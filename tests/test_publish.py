@@ -146,3 +146,12 @@ def test_publish_rejects_connection_and_session_together(
         pytest.raises(novaque.InvalidOption, match="either connection or session"),
     ):
         client.publish("t", b"x", connection=conn, session=session)
+
+
+def test_publish_many_sends_large_batches_in_bounded_statements(client: novaque.Client) -> None:
+    client.ensure_channel("big", "c")
+    bodies = [bytes([i]) * client.options.max_body_bytes for i in range(20)]  # 20 MiB
+    ids = client.publish_many("big", bodies)
+    got = drain(client, "big", "c")
+    assert [m.id for m in got] == ids
+    assert [m.body for m in got] == bodies
