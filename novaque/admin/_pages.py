@@ -24,6 +24,12 @@ def h(value: object) -> str:
     return html.escape("" if value is None else str(value), quote=True)
 
 
+def when(value: object) -> str:
+    """An ISO time as ``YYYY-MM-DD HH:MM:SS`` (UTC), escaped."""
+    text = "" if value is None else str(value)
+    return h(text[:19].replace("T", " "))
+
+
 def q(name: str) -> str:
     """A name as one URL path segment."""
     return quote(name, safe="")
@@ -309,7 +315,7 @@ The numbers refresh every few seconds.</p>
                 f'<td class="err">{h(item["last_error"] or "")}</td>'
                 f'<td><code class="body">{h(item.get("body_preview", ""))}{more}</code>'
                 f' <span class="muted">{item["body_len"]} B</span></td>'
-                f'<td class="time">{h(item["died_at"])}</td></tr>'
+                f'<td class="time">{when(item["died_at"])}</td></tr>'
             )
         table = "".join(rows) or '<tr><td colspan="8" class="empty">No dead letters.</td></tr>'
         pager = []
@@ -367,7 +373,7 @@ The numbers refresh every few seconds.</p>
             )
             rows.append(
                 f'<tr><td><a href="{h(self.url(f"/messages/{mid}"))}">{mid}</a></td>'
-                f'<td class="time">{h(item["published_at"])}</td>'
+                f'<td class="time">{when(item["published_at"])}</td>'
                 f'<td><code class="body">{h(item["body_preview"])}{more}</code>'
                 f' <span class="muted">{item["body_len"]} B</span></td>'
                 f"<td>{states}</td><td>{replay}</td></tr>"
@@ -430,7 +436,7 @@ The numbers refresh every few seconds.</p>
                 f'<td><span class="tag st-{h(d["state"])}">{h(d["state"])}</span></td>'
                 f'<td class="num">{h(d.get("attempts") if d.get("attempts") is not None else "")}</td>'
                 f'<td class="err">{h(d.get("last_error") or "")}</td>'
-                f'<td class="time">{h(d.get("visible_at") or "")}</td></tr>'
+                f'<td class="time">{when(d.get("visible_at"))}</td></tr>'
                 for d in data["deliveries"]
             )
             or '<tr><td colspan="5" class="empty">The topic has no channels.</td></tr>'
@@ -443,8 +449,8 @@ The numbers refresh every few seconds.</p>
   {self.button("Replay to selected", f"/messages/{data['id']}/replay", confirm=f"Replay message {data['id']} to the selected channels?", extra=" data-selected-channels")}
 </span></div>
 <section class="card"><table class="kv">
-<tr><th>Published</th><td class="time">{h(data["published_at"])}</td></tr>
-<tr><th>Expires</th><td class="time">{h(data["expires_at"])}</td></tr>
+<tr><th>Published (UTC)</th><td class="time">{when(data["published_at"])}</td></tr>
+<tr><th>Expires (UTC)</th><td class="time">{when(data["expires_at"])}</td></tr>
 <tr><th>Size</th><td>{data["body_len"]} bytes{more}</td></tr></table></section>
 <section class="card"><h2>Deliveries</h2>
 <table class="grid"><thead><tr><th>Channel</th><th>State</th><th class="num">Attempts</th>

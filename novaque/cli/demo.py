@@ -220,7 +220,7 @@ def run_demo(args: argparse.Namespace, context: Context) -> int:
 def _produce(
     client: novaque.Client, rng: random.Random, rate: float, tally: Tally, stop: threading.Event
 ) -> None:
-    number = client_next_order(client)
+    number = 1000 + rng.randint(0, 8999) * 100
     interval = 1.0 / rate
     batch = max(1, int(rate // 5))  # publish a few per transaction at high rates
     while not stop.is_set():
@@ -232,18 +232,17 @@ def _produce(
         stop.wait(max(0.0, interval * batch - (time.monotonic() - started)))
 
 
-def client_next_order(client: novaque.Client) -> int:
-    """Order numbers go on from a previous run's (roughly: by the clock)."""
-    return int(time.time()) % 1_000_000 * 10
-
-
 def _progress(client: novaque.Client, tally: Tally, tty: bool) -> None:
     parts = [f"published {tally.get('published')}"]
+    backlog = getattr(client, "channel_backlog", None)
     for channel in CHANNELS:
-        parts.append(
+        part = (
             f"{channel}: ok {tally.get(f'{channel}.ok')} failed {tally.get(f'{channel}.failed')}"
             f" rejected {tally.get(f'{channel}.rejected')}"
         )
+        if backlog is not None:
+            part += f" dead letters {backlog(TOPIC, channel).dead}"
+        parts.append(part)
     line = " | ".join(parts)
     if tty:
         print("\r" + line.ljust(100), end="", flush=True)

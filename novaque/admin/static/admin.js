@@ -280,8 +280,10 @@
       t.textContent = String(Math.round(v));
     }
     var every = Math.max(1, Math.ceil(labels.length / 8));
+    var lastShown = labels.length - 1 - ((labels.length - 1) % every);
     labels.forEach(function (day, i) {
-      if (i % every !== 0 && i !== labels.length - 1) return;
+      var isLast = i === labels.length - 1;
+      if (i % every !== 0 && !(isLast && i - lastShown >= every / 2)) return;
       var t = svg("text", { x: x(i), y: H - B + 18, "text-anchor": "middle", class: "axis" }, root);
       t.textContent = day.slice(5);
     });
