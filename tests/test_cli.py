@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -268,3 +270,49 @@ def test_server_backends(backend: Backend) -> None:
         assert "no dead letters" in ok(
             run("dead", "list", "cli-orders", "billing", cwd=cwd, url=url)
         )
+
+
+def test_demo_runs_bounded_and_stops_cleanly(tmp_path: Path) -> None:
+    result = run(
+        "demo", "--duration", "2", "--port", "0", "--rate", "20", "--seed", "1", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "novaque demo on sqlite:///novaque.db"
+    assert re.fullmatch(r"admin UI: http://127\.0\.0\.1:\d+/admin/", lines[1])
+    assert any(line.startswith("published ") and "billing: ok" in line for line in lines)
+    assert lines[-1].startswith("stopped cleanly")
+    assert (tmp_path / "novaque.db").is_file()
+
+
+def test_demo_stops_on_ctrl_c(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "NOVAQUE_DATABASE_URL"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "novaque.cli", "demo", "--port", "0", "--rate", "50"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        seen = []
+        for line in process.stdout:  # wait until it publishes (bounded by the timeout below)
+            seen.append(line)
+            if line.startswith("published "):
+                break
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, err
+    assert "Traceback" not in err
+    assert out.rstrip().splitlines()[-1].startswith("stopped cleanly")
+    client = novaque.connect(f"sqlite:///{tmp_path / 'novaque.db'}")
+    try:
+        assert client.list_channels("orders") == ["billing", "shipping"]
+    finally:
+        client._dialect.engine.dispose()
