@@ -12,6 +12,8 @@ import re
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -316,3 +318,48 @@ def test_demo_stops_on_ctrl_c(tmp_path: Path) -> None:
         assert client.list_channels("orders") == ["billing", "shipping"]
     finally:
         client._dialect.engine.dispose()
+
+
+def test_admin_serves_until_interrupted(db: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "NOVAQUE_DATABASE_URL"}
+    env["NOVAQUE_ADMIN_PASSWORD"] = "pw"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "novaque.cli", "admin", "--port", "0", "--user", "ops"],
+        cwd=db,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        found = re.match(r"novaque admin \((wsgiref|waitress)\) on (http://\S+/admin/) ", line)
+        assert found is not None, line
+        url = found.group(2)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url, timeout=30)
+        assert refused.value.code == 401
+        refused.value.close()
+        request = urllib.request.Request(
+            url + "api/topics",
+            headers={"Authorization": "Basic b3BzOnB3"},  # ops:pw
+        )
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            assert json.loads(reply.read()) == {"topics": []}
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, err
+    assert "Traceback" not in err
+
+
+def test_admin_refuses_bad_options(db: Path) -> None:
+    error = one_line_error(run("admin", "--user", "ops", cwd=db))
+    assert "NOVAQUE_ADMIN_PASSWORD" in error
+    assert run("admin", "--port", "70000", cwd=db).returncode == 2
+    (db / "elsewhere").mkdir()
+    assert "does not exist" in one_line_error(run("admin", cwd=db / "elsewhere"))
