@@ -165,27 +165,36 @@ def run_demo(args: argparse.Namespace, context: Context) -> int:
     server = start_background(create_app(client), args.host, args.port)
     stop = threading.Event()
     tally = Tally()
+    handlers = {
+        channel: make_handler(channel, random.Random(rng.random()), tally) for channel in CHANNELS
+    }
     workers = [
-        threading.Thread(
-            target=_guard(consume, stop),
-            args=(client, channel, make_handler(channel, random.Random(rng.random()), tally), stop),
-            name=f"demo-{channel}",
-            daemon=True,
-        )
-        for channel in CHANNELS
-    ]
-    workers.append(
         threading.Thread(
             target=_guard(_produce, stop),
             args=(client, rng, args.rate, tally, stop),
             name="demo-producer",
             daemon=True,
         )
-    )
+    ]
+    runtime: Any = client if hasattr(client, "subscribe_and_start") else None
+    if runtime is None:  # no consumer runtime in this version: a claim/ack loop per channel
+        workers += [
+            threading.Thread(
+                target=_guard(consume, stop),
+                args=(client, channel, handler, stop),
+                name=f"demo-{channel}",
+                daemon=True,
+            )
+            for channel, handler in handlers.items()
+        ]
     previous = _on_sigterm(stop)
     print(f"novaque demo on {context.shown_url}")
     print(f"admin UI: {server.base_url}/admin/", flush=True)
     print("publishing orders to 'orders' (channels: billing, shipping); Ctrl-C stops", flush=True)
+    if runtime is not None:
+        runtime.start()  # maintenance loops: reaper, purge, stats flush
+        for channel, handler in handlers.items():
+            runtime.subscribe_and_start(TOPIC, channel, handler, max_in_flight=4)
     for worker in workers:
         worker.start()
     deadline = None if args.duration is None else time.monotonic() + args.duration
@@ -196,7 +205,8 @@ def run_demo(args: argparse.Namespace, context: Context) -> int:
             if deadline is not None and time.monotonic() >= deadline:
                 break
             stop.wait(0.5)
-            client.run_maintenance()
+            if runtime is None:
+                client.run_maintenance()
             if tty or time.monotonic() - last_line >= 2.0:
                 _progress(client, tally, tty)
                 last_line = time.monotonic()
@@ -206,6 +216,8 @@ def run_demo(args: argparse.Namespace, context: Context) -> int:
         stop.set()
         for worker in workers:
             worker.join(timeout=15)
+        if runtime is not None:
+            runtime.shutdown(timeout=10)  # finish running handlers, flush acks and counters
         server.stop()
         signal.signal(signal.SIGTERM, previous)
     client.run_maintenance()
