@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import random
 import signal
 import sys
@@ -153,8 +154,12 @@ def run_demo(args: argparse.Namespace, context: Context) -> int:
     from novaque.admin._serve import start_background
 
     rng = random.Random(args.seed)
+    # Failing handlers are the point of the demo: keep their warnings off the terminal.
+    logger = logging.getLogger("novaque.demo")
+    logger.setLevel(logging.DEBUG if context.debug else logging.ERROR)
     client = context.client(
         create=True,
+        logger=logger,
         default_max_attempts=4,
         backoff=novaque.Backoff(base=1.0, cap=8.0),
         stats_flush_interval=1.0,
@@ -220,7 +225,8 @@ def run_demo(args: argparse.Namespace, context: Context) -> int:
             runtime.shutdown(timeout=10)  # finish running handlers, flush acks and counters
         server.stop()
         signal.signal(signal.SIGTERM, previous)
-    client.run_maintenance()
+    if runtime is None:
+        client.run_maintenance()  # the client's own loops flushed at shutdown otherwise
     _progress(client, tally, tty)
     if tty:
         print()
