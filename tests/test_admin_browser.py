@@ -165,4 +165,15 @@ def test_dashboard_topic_channel_publish_dead_letter_requeue(page: Any, served: 
     expect(page.locator("#chart svg polyline")).to_have_count(4)
     expect(page.locator('[data-field="backlog.ready"]')).to_have_text("4")
     page.screenshot(path=str(ARTIFACTS / "admin-channel.png"), full_page=True)
+
+    # The topic page's form publishes; its table follows without a reload.
+    page.goto(f"{admin}topics/orders")
+    topic_ready = page.locator('tr[data-channel="billing"] [data-field="backlog.ready"]')
+    expect(topic_ready).to_have_text("4")
+    page.evaluate("window.marker = 'topic page'")
+    page.get_by_label("message body").fill("from the form")
+    page.get_by_role("button", name="Publish").click()
+    expect(page.locator("#flash")).to_contain_text("Published message")
+    expect(topic_ready).to_have_text("5", timeout=15_000)
+    assert page.evaluate("window.marker") == "topic page"
     assert page.problems == []

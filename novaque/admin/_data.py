@@ -155,10 +155,8 @@ def channel_summary(client: Any, topic: str, channel: str, day: date) -> dict[st
 def topic_summary(client: Any, topic: str, day: date) -> dict[str, Any]:
     names = client.list_channels(topic)
     channel_rows = [channel_summary(client, topic, name, day) for name in names]
-    total = Counters()
-    for name in names:
-        total = total + client.channel_counters(topic, name, since=day, until=day)
-    return {"name": topic, "channels": channel_rows, "today": counters(total)}
+    total = {key: sum(row["today"][key] for row in channel_rows) for key in counters(Counters())}
+    return {"name": topic, "channels": channel_rows, "today": total}
 
 
 def overview(client: Any) -> dict[str, Any]:

@@ -215,7 +215,9 @@ The numbers refresh every few seconds.</p>
         }
   </span>
 </div>
-<section class="card" data-topic="{h(name)}" id="topics" data-refresh="{h(self.api("/overview"))}">
+<section class="card" data-topic="{h(name)}" id="topics" data-refresh="{
+            h(self.api(f"/topics/{q(name)}"))
+        }">
   <div class="bar"><h2>Channels</h2>
   {self.name_form(f"/topics/{q(name)}/channels", "Add channel", "new channel")}</div>
   {self._channel_table(name, rows)}

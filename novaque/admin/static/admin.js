@@ -144,8 +144,13 @@
   });
 
   // -- live refresh ---------------------------------------------------------------------
+  function sections(container) {
+    if (container.hasAttribute("data-topic")) return [container];
+    return Array.prototype.slice.call(container.querySelectorAll("[data-topic]"));
+  }
+
   function shapeOf(container) {
-    return Array.prototype.map.call(container.querySelectorAll("[data-topic]"), function (section) {
+    return sections(container).map(function (section) {
       var rows = Array.prototype.map.call(section.querySelectorAll("tr[data-channel]"), function (row) {
         var dead = row.querySelector('[data-field="backlog.dead"]');
         return row.getAttribute("data-channel") + (dead && dead.textContent !== "0" ? "+" : "");
@@ -199,9 +204,10 @@
       var single = document.body.getAttribute("data-page") === "topic"
         ? container.getAttribute("data-topic") : null;
       work = request("GET", container.getAttribute("data-refresh")).then(function (data) {
+        if (!data.topics) data = { topics: [data] };  // one topic's answer
         if (shapeOfData(data, single) !== shapeOf(container)) return swapFromServer(container);
         data.topics.forEach(function (topic) {
-          Array.prototype.forEach.call(container.querySelectorAll("[data-topic]"), function (section) {
+          sections(container).forEach(function (section) {
             if (section.getAttribute("data-topic") !== topic.name) return;
             topic.channels.forEach(function (channel) {
               Array.prototype.forEach.call(section.querySelectorAll("tr[data-channel]"), function (row) {
