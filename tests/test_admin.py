@@ -505,3 +505,20 @@ def test_replay_message_and_range(
     assert ranged.status == 200
     assert client.channel_backlog("orders", "shipping").ready == 1
     assert web.post("/admin/api/topics/orders/replay", {"since": start.isoformat()}).status == 400
+
+
+@needs_ops
+def test_topic_api_shape(web: WSGIClient, client: novaque.Client) -> None:
+    client.ensure_channel("orders", "billing")
+    client.publish("orders", "x")
+    client.flush_stats()
+    data = web.get("/admin/api/topics/orders").json()
+    assert set(data) == {"day", "name", "channels", "today"}
+    assert data["name"] == "orders"
+    assert data["today"]["published"] == 1
+    assert [c["name"] for c in data["channels"]] == ["billing"]
+    assert data["channels"][0]["backlog"]["ready"] == 1
+    missing = web.get("/admin/api/topics/nope")
+    assert missing.status == 404
+    assert missing.json() == {"error": "topic 'nope' does not exist", "status": 404}
+    assert web.get("/admin/api/topics/a%20b").status == 400
