@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from novaque import _dialect, _migrate, _validate
-from novaque._stats import StatsBuffer
+from novaque._stats import StatsBuffer, Tally
 from novaque._time import US, Clock, day_of, from_us
 from novaque.errors import (
     ChannelNotFound,
@@ -174,6 +174,18 @@ class CoreClient:
     def _run(self, fn: Callable[[sa.Connection], T]) -> T:
         self._ready()
         return self._dialect.run(fn)
+
+    def _run_counted(self, fn: Callable[[sa.Connection, Tally], T]) -> T:
+        """Like :meth:`_run`; counters ``fn`` records count once the transaction commits."""
+        tallies: list[Tally] = []
+
+        def attempt(conn: sa.Connection) -> T:
+            tallies.append(Tally())
+            return fn(conn, tallies[-1])
+
+        result = self._run(attempt)
+        tallies[-1].apply(self._stats)
+        return result
 
     # -- publishing -----------------------------------------------------------------
 
@@ -363,8 +375,13 @@ class CoreClient:
         return [int(i) for i in ids if i is not None], fanout
 
     def _insert_deduplicated(self, conn: sa.Connection, row: dict[str, Any]) -> tuple[int, bool]:
-        lookup = sa.select(messages.c.id).where(
-            messages.c.topic_id == row["topic_id"], messages.c.dedup_key == row["dedup_key"]
+        # A locking read sees the latest committed row even when the caller's
+        # transaction is REPEATABLE READ (MySQL's default), whose snapshot may
+        # predate the winner's commit.
+        lookup = (
+            sa.select(messages.c.id)
+            .where(messages.c.topic_id == row["topic_id"], messages.c.dedup_key == row["dedup_key"])
+            .with_for_update(read=True)
         )
         for _ in range(5):
             inserted = self._dialect.insert_deduplicated(conn, row)
@@ -781,12 +798,12 @@ class CoreClient:
         batch = self.options.maintenance_batch
         total = 0
         while True:
-            changed = self._run(lambda conn: self._reap_batch(conn, batch))
+            changed = self._run_counted(lambda conn, tally: self._reap_batch(conn, tally, batch))
             total += changed
             if changed < batch:
                 return total
 
-    def _reap_batch(self, conn: sa.Connection, batch: int) -> int:
+    def _reap_batch(self, conn: sa.Connection, tally: Tally, batch: int) -> int:
         now = self._now()
         expired = conn.execute(
             sa.select(d.c.id, d.c.channel_id, d.c.attempts >= d.c.max_attempts)
@@ -826,8 +843,7 @@ class CoreClient:
             changed += count
             if spent:
                 dead[channel_id] += count
-        if dead:
-            self._stats.add("dead", day_of(now), dead)
+        tally.add("dead", day_of(now), dead)
         if changed:
             self.log.debug("reaped %d expired leases", changed)
         return len(expired)
@@ -841,12 +857,12 @@ class CoreClient:
         batch = self.options.maintenance_batch
         total = 0
         while True:
-            deleted = self._run(lambda conn: self._purge_batch(conn, batch))
+            deleted = self._run_counted(lambda conn, tally: self._purge_batch(conn, tally, batch))
             total += deleted
             if deleted < batch:
                 return total
 
-    def _purge_batch(self, conn: sa.Connection, batch: int) -> int:
+    def _purge_batch(self, conn: sa.Connection, tally: Tally, batch: int) -> int:
         now = self._now()
         ids = [
             int(r[0])
@@ -859,13 +875,15 @@ class CoreClient:
         ]
         if not ids:
             return 0
-        self._count_purged(self._dialect.delete_deliveries(conn, d.c.message_id.in_(ids)), now)
+        purged = self._dialect.delete_deliveries(conn, d.c.message_id.in_(ids))
+        self._count_purged(purged, now, tally)
         conn.execute(sa.delete(messages).where(messages.c.id.in_(ids)))
         return len(ids)
 
-    def _count_purged(self, channel_ids: list[int], now: int) -> None:
+    def _count_purged(self, channel_ids: list[int], now: int, tally: Tally | None = None) -> None:
+        """Count deleted deliveries as purged: in ``tally`` (at commit), else at once."""
         if channel_ids:
-            self._stats.add("purged", day_of(now), Counter(channel_ids))
+            (tally or self._stats).add("purged", day_of(now), Counter(channel_ids))
 
     def flush_stats(self) -> None:
         """Write the buffered counter deltas to the database now.

@@ -206,6 +206,37 @@ class Dialect:
             int(r[0]) for r in conn.execute(sa.delete(d).where(where).returning(d.c.channel_id))
         ]
 
+    # -- query plans ------------------------------------------------------------------
+
+    def claim_statement(self) -> sa.ClauseElement:
+        """The statement that picks and leases deliveries in :meth:`claim` (for plan checks).
+
+        Parameters: ``p_channel``, ``p_now``, ``p_limit``, ``p_until``, ``p_token``.
+        """
+        return _claim_update_returning
+
+    def explain(
+        self,
+        conn: sa.Connection,
+        stmt: sa.ClauseElement,
+        params: dict[str, Any],
+        *,
+        analyze: bool = False,
+    ) -> str:
+        """The database's plan for ``stmt`` with ``params``, as text (one line per row).
+
+        ``analyze`` runs the statement and reports real timings where the
+        database can (PostgreSQL ``EXPLAIN (ANALYZE, BUFFERS)``, MariaDB
+        ``ANALYZE``, MySQL ``EXPLAIN ANALYZE``); use it on reads only.
+        ``params`` fill the statement's bound parameters (not expanding ones).
+        """
+        sql, values = _driver_sql(conn, stmt, params)
+        rows = conn.exec_driver_sql(self._explain_prefix(conn, analyze) + sql, values).all()
+        return "\n".join(" ".join(str(v) for v in row) for row in rows)
+
+    def _explain_prefix(self, conn: sa.Connection, analyze: bool) -> str:
+        return "EXPLAIN (ANALYZE, BUFFERS) " if analyze else "EXPLAIN "
+
     # -- claiming -------------------------------------------------------------------
 
     def claim(
@@ -261,6 +292,18 @@ class Dialect:
         raise NotImplementedError
 
 
+def _driver_sql(
+    conn: sa.Connection, stmt: sa.ClauseElement, params: dict[str, Any]
+) -> tuple[str, Any]:
+    """``stmt`` compiled for the connection's driver, with its parameters in driver form."""
+    compiled = stmt.compile(dialect=conn.dialect)
+    assert isinstance(compiled, sa.sql.compiler.SQLCompiler)
+    values = compiled.construct_params(params)
+    if compiled.positional:
+        return compiled.string, tuple(values[name] for name in compiled.positiontup or ())
+    return compiled.string, values
+
+
 def _dotted(version: Iterable[object]) -> str:
     return ".".join(str(part) for part in version)
 
@@ -297,6 +340,9 @@ class PostgresDialect(Dialect):
             .join_from(claimed, m, m.c.id == claimed.c.message_id)
             .order_by(claimed.c.id)
         )
+
+    def claim_statement(self) -> sa.ClauseElement:
+        return self._claim_stmt
 
     @classmethod
     @contextlib.contextmanager
@@ -366,6 +412,31 @@ class MySQLDialect(Dialect):
     @classmethod
     def label(cls, conn: sa.Connection) -> str:
         return "MariaDB" if getattr(conn.dialect, "is_mariadb", False) else "MySQL"
+
+    def claim_statement(self) -> sa.ClauseElement:
+        return self._lock_ids
+
+    def explain(
+        self,
+        conn: sa.Connection,
+        stmt: sa.ClauseElement,
+        params: dict[str, Any],
+        *,
+        analyze: bool = False,
+    ) -> str:
+        if analyze and not getattr(conn.dialect, "is_mariadb", False):
+            return super().explain(conn, stmt, params, analyze=True)  # EXPLAIN ANALYZE: a tree
+        sql, values = _driver_sql(conn, stmt, params)
+        result = conn.exec_driver_sql(("ANALYZE " if analyze else "EXPLAIN ") + sql, values)
+        keys = list(result.keys())
+        # One line per table access: table, access type, index, rows, extra.
+        return "\n".join(
+            " ".join(f"{k}={v}" for k, v in zip(keys, row, strict=True) if v is not None)
+            for row in result
+        )
+
+    def _explain_prefix(self, conn: sa.Connection, analyze: bool) -> str:
+        return "EXPLAIN ANALYZE " if analyze else "EXPLAIN "
 
     @classmethod
     def check_floor(cls, conn: sa.Connection) -> None:
@@ -496,6 +567,19 @@ class SQLiteDialect(Dialect):
 
     def _insert(self, table: sa.Table) -> Any:
         return sqlite_dialect.insert(table)
+
+    def explain(
+        self,
+        conn: sa.Connection,
+        stmt: sa.ClauseElement,
+        params: dict[str, Any],
+        *,
+        analyze: bool = False,
+    ) -> str:
+        # EXPLAIN QUERY PLAN rows are (id, parent, notused, detail); keep the detail.
+        sql, values = _driver_sql(conn, stmt, params)
+        rows = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, values).all()
+        return "\n".join(str(row[-1]) for row in rows)
 
     @classmethod
     def own_engine(cls, engine: sa.Engine) -> sa.Engine:

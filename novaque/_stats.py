@@ -48,3 +48,23 @@ class StatsBuffer:
     def __bool__(self) -> bool:
         with self._lock:
             return bool(self._deltas)
+
+
+class Tally:
+    """Counter deltas of one transaction, applied to the buffer only after it commits.
+
+    A transaction that is retried (deadlock, busy) starts with a fresh tally,
+    so a rolled-back attempt never counts.
+    """
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[str, date, dict[int, int]]] = []
+
+    def add(self, field: str, day: date, channel_ids: dict[int, int]) -> None:
+        """Record ``channel_ids[channel]`` more of ``field`` on ``day``."""
+        if channel_ids:
+            self._entries.append((field, day, dict(channel_ids)))
+
+    def apply(self, buffer: StatsBuffer) -> None:
+        for field, day, channel_ids in self._entries:
+            buffer.add(field, day, channel_ids)

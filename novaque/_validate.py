@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from datetime import date, datetime
 
 from novaque.errors import InvalidName, InvalidOption, MessageTooLarge
 from novaque.options import Duration, check_int, seconds
@@ -136,3 +137,67 @@ def error_text(error: object) -> str | None:
     else:
         text = str(error)
     return text[:MAX_ERROR_CHARS]
+
+
+MAX_PAGE = 1000
+
+
+def page_limit(value: object) -> int:
+    """A page size for listings: 1-1000."""
+    return check_int(value, "limit", 1, MAX_PAGE)
+
+
+def after_id(value: object) -> int:
+    """A keyset position (the last id of the previous page); 0 when None."""
+    return 0 if value is None else check_int(value, "after_id", 0)
+
+
+def utc_day(value: object, name: str) -> date | None:
+    """A UTC day bound for counter reads (a ``date``, not a ``datetime``), or None."""
+    if value is None:
+        return None
+    if isinstance(value, datetime) or not isinstance(value, date):
+        raise InvalidOption(
+            f"{name} must be a datetime.date (a UTC day), got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def day_range(since: object, until: object) -> tuple[date | None, date | None]:
+    first, last = utc_day(since, "since"), utc_day(until, "until")
+    if first is not None and last is not None and first > last:
+        raise InvalidOption(f"since ({first}) must not be after until ({last})")
+    return first, last
+
+
+def moment(value: object, name: str) -> datetime:
+    """An aware datetime (naive ones are refused: their zone is unknown)."""
+    if not isinstance(value, datetime):
+        raise InvalidOption(
+            f"{name} must be a timezone-aware datetime, got {type(value).__name__} {value!r}"
+        )
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidOption(f"{name} must be timezone-aware (UTC), got naive {value!r}")
+    return value
+
+
+def ids(value: object, name: str = "ids") -> list[int]:
+    """A list of positive integer ids (duplicates dropped, ascending)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise InvalidOption(f"{name} must be a list of integer ids, got {type(value).__name__}")
+    result: set[int] = set()
+    for item in value:
+        result.add(check_int(item, f"each of {name}", 1))
+    return sorted(result)
+
+
+def names(value: object, kind: str) -> list[str]:
+    """A list of valid names (duplicates dropped, sorted)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise InvalidOption(f"{kind}s must be a list of {kind} names, got {type(value).__name__}")
+    return sorted({name(item, kind) for item in value})
+
+
+def message_id(value: object, name: str = "id") -> int:
+    """A message id: a positive integer."""
+    return check_int(value, name, 1)

@@ -7,13 +7,13 @@ from typing import Any
 import sqlalchemy as sa
 
 from novaque import _dialect
-from novaque._core import CoreClient
+from novaque._operate import OperatingClient
 from novaque.options import Options
 
 __all__ = ["Client", "connect"]
 
 
-class Client(CoreClient):
+class Client(OperatingClient):
     """A handle on novaque's tables in the database behind ``engine``.
 
     ``Client(engine, options=None)`` touches no database. The first call that

@@ -71,12 +71,26 @@ class Backlog:
 
     ``pending``: not yet due (delay or backoff); ``ready``: due and not leased;
     ``in_flight``: leased (an expired lease not yet reaped included); ``dead``.
+    Backlogs add up with ``+`` (e.g. over the channels of a topic).
     """
 
     pending: int = 0
     ready: int = 0
     in_flight: int = 0
     dead: int = 0
+
+    def __add__(self, other: Backlog) -> Backlog:
+        return Backlog(
+            self.pending + other.pending,
+            self.ready + other.ready,
+            self.in_flight + other.in_flight,
+            self.dead + other.dead,
+        )
+
+    @property
+    def total(self) -> int:
+        """Every live delivery, whatever its state."""
+        return self.pending + self.ready + self.in_flight + self.dead
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,14 +13,6 @@ from novaque.admin import create_app
 from tests.conftest import Backend, FakeClock
 from tests.wsgi import WSGIClient
 
-HAS_OPS = all(
-    hasattr(novaque.Client, name)
-    for name in ("channel_backlog", "channel_counters", "daily_counters", "list_dead")
-)
-needs_ops = pytest.mark.skipif(
-    not HAS_OPS, reason="the operator's calls (issue 4) are not on this branch yet"
-)
-
 XSS_BODY = '<img src=x onerror="alert(1)">&'
 XSS_ERROR = "<script>alert('e')</script>"
 
@@ -257,8 +249,6 @@ def test_publish_through_the_api(web: WSGIClient, client: novaque.Client) -> Non
 def test_topic_page_escapes_and_links(web: WSGIClient, client: novaque.Client) -> None:
     client.ensure_channel("orders", "billing")
     reply = web.get("/admin/topics/orders")
-    if not HAS_OPS:
-        pytest.skip("the topic page shows backlog (issue 4)")
     assert reply.status == 200
     assert 'href="/admin/topics/orders/channels/billing"' in reply.text
     missing = web.get("/admin/topics/nope")
@@ -289,7 +279,6 @@ def test_bad_message_ids_are_400(web: WSGIClient, bad: str) -> None:
 # -- what needs the operator's calls ---------------------------------------------------------
 
 
-@needs_ops
 def test_overview_shape(web: WSGIClient, client: novaque.Client) -> None:
     client.ensure_channel("orders", "billing")
     client.ensure_channel("orders", "shipping")
@@ -324,7 +313,6 @@ def test_overview_shape(web: WSGIClient, client: novaque.Client) -> None:
     }
 
 
-@needs_ops
 def test_dashboard_renders_backlog_cells(web: WSGIClient, client: novaque.Client) -> None:
     client.ensure_channel("orders", "billing")
     client.publish("orders", "x")
@@ -335,7 +323,6 @@ def test_dashboard_renders_backlog_cells(web: WSGIClient, client: novaque.Client
     assert '<td class="num s-ready" data-field="backlog.ready">1</td>' in row.group(0)
 
 
-@needs_ops
 def test_channel_page_and_api(web: WSGIClient, client: novaque.Client, clock: FakeClock) -> None:
     client.ensure_channel("orders", "billing")
     client.publish("orders", "x")
@@ -369,7 +356,6 @@ def test_channel_page_and_api(web: WSGIClient, client: novaque.Client, clock: Fa
     assert web.get(backwards).status == 400
 
 
-@needs_ops
 def test_dead_letters_page_escapes_bodies_and_errors(
     web: WSGIClient, client: novaque.Client
 ) -> None:
@@ -392,7 +378,6 @@ def test_dead_letters_page_escapes_bodies_and_errors(
     assert data["next_after_id"] is None
 
 
-@needs_ops
 def test_dead_letters_paginate(web: WSGIClient, client: novaque.Client) -> None:
     client.ensure_channel("orders", "billing")
     client.publish_many("orders", [f"m{i}" for i in range(5)])
@@ -411,7 +396,6 @@ def test_dead_letters_paginate(web: WSGIClient, client: novaque.Client) -> None:
         assert reply.json()["error"]
 
 
-@needs_ops
 def test_requeue_and_delete_dead_letters(web: WSGIClient, client: novaque.Client) -> None:
     client.ensure_channel("orders", "billing")
     client.publish_many("orders", [f"m{i}" for i in range(4)])
@@ -434,7 +418,6 @@ def test_requeue_and_delete_dead_letters(web: WSGIClient, client: novaque.Client
     )
 
 
-@needs_ops
 def test_message_browser_and_detail(
     web: WSGIClient, client: novaque.Client, clock: FakeClock
 ) -> None:
@@ -474,7 +457,6 @@ def test_message_browser_and_detail(
     assert web.get("/admin/messages/999999999").status == 404
 
 
-@needs_ops
 def test_replay_message_and_range(
     web: WSGIClient, client: novaque.Client, clock: FakeClock
 ) -> None:
@@ -507,7 +489,6 @@ def test_replay_message_and_range(
     assert web.post("/admin/api/topics/orders/replay", {"since": start.isoformat()}).status == 400
 
 
-@needs_ops
 def test_topic_api_shape(web: WSGIClient, client: novaque.Client) -> None:
     client.ensure_channel("orders", "billing")
     client.publish("orders", "x")

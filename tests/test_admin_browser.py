@@ -47,11 +47,6 @@ elif not os.access(CHROMIUM, os.X_OK):
         pytest.mark.browser,
         pytest.mark.skip(reason=f"{CHROMIUM} is missing (apt-get install chromium)"),
     ]
-elif not hasattr(novaque.Client, "channel_backlog"):
-    pytestmark = [
-        pytest.mark.browser,
-        pytest.mark.skip(reason="the operator's calls (issue 4) are not on this branch yet"),
-    ]
 
 
 @pytest.fixture

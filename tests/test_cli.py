@@ -22,10 +22,6 @@ import novaque
 from tests.conftest import Backend
 
 ROOT = Path(__file__).resolve().parent.parent
-HAS_OPS = all(hasattr(novaque.Client, n) for n in ("channel_backlog", "list_dead"))
-needs_ops = pytest.mark.skipif(
-    not HAS_OPS, reason="the operator's calls (issue 4) are not on this branch yet"
-)
 
 
 def run(
@@ -198,7 +194,6 @@ def test_bench_forwards_its_arguments(tmp_path: Path) -> None:
     assert "usage" in result.stdout.lower()
 
 
-@needs_ops
 def test_stats_table_and_json(db: Path) -> None:
     ok(run("channels", "orders", "--create", "billing", cwd=db))
     ok(run("channels", "orders", "--create", "shipping", cwd=db))
@@ -216,7 +211,6 @@ def test_stats_table_and_json(db: Path) -> None:
     assert "does not exist" in one_line_error(run("stats", "nope", cwd=db))
 
 
-@needs_ops
 def test_dead_list_requeue_delete(db: Path) -> None:
     url = f"sqlite:///{db / 'novaque.db'}"
     client = novaque.connect(url)
@@ -267,11 +261,8 @@ def test_server_backends(backend: Backend) -> None:
     assert message_id > 0
     assert "cli-orders" in ok(run("topics", cwd=cwd, url=url)).split()
     assert "does not exist" in one_line_error(run("channels", "nope", cwd=cwd, url=url))
-    if HAS_OPS:
-        assert "cli-orders" in ok(run("stats", "cli-orders", cwd=cwd, url=url))
-        assert "no dead letters" in ok(
-            run("dead", "list", "cli-orders", "billing", cwd=cwd, url=url)
-        )
+    assert "cli-orders" in ok(run("stats", "cli-orders", cwd=cwd, url=url))
+    assert "no dead letters" in ok(run("dead", "list", "cli-orders", "billing", cwd=cwd, url=url))
 
 
 def test_demo_runs_bounded_and_stops_cleanly(tmp_path: Path) -> None:

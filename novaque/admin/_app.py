@@ -22,6 +22,7 @@ from novaque.admin._http import (
     csrf_token,
 )
 from novaque.admin._pages import Pages
+from novaque.client import Client
 from novaque.errors import (
     ChannelNotFound,
     InvalidName,
@@ -71,7 +72,7 @@ class AdminApp:
 
     def __init__(
         self,
-        client: Any,
+        client: Client,
         *,
         prefix: str = "/admin",
         basic_auth: tuple[str, str] | None = None,

@@ -13,6 +13,7 @@ from datetime import date, datetime, timedelta, timezone
 from typing import Any
 
 from novaque.admin._http import HTTPError
+from novaque.client import Client
 from novaque.errors import ChannelNotFound, TopicNotFound
 from novaque.models import Backlog, Counters, DeadLetter, DeliveryInfo, MessageInfo
 
@@ -25,14 +26,14 @@ MAX_PAGE_SIZE = 500
 _INT = re.compile(r"[0-9]{1,18}")
 
 
-def today(client: Any) -> date:
+def today(client: Client) -> date:
     """Today's UTC date as the client sees it (its injected clock, if any)."""
     clock = client.options.clock
     moment = clock() if clock is not None else datetime.now(timezone.utc)
     return moment.astimezone(timezone.utc).date()
 
 
-def retention_start(client: Any) -> date:
+def retention_start(client: Client) -> date:
     """The first day whose counters are still kept."""
     return today(client) - timedelta(days=client.options.stats_retention_days - 1)
 
@@ -144,7 +145,7 @@ def count_of(result: object) -> int | None:
     return None
 
 
-def channel_summary(client: Any, topic: str, channel: str, day: date) -> dict[str, Any]:
+def channel_summary(client: Client, topic: str, channel: str, day: date) -> dict[str, Any]:
     return {
         "name": channel,
         "backlog": backlog(client.channel_backlog(topic, channel)),
@@ -152,14 +153,14 @@ def channel_summary(client: Any, topic: str, channel: str, day: date) -> dict[st
     }
 
 
-def topic_summary(client: Any, topic: str, day: date) -> dict[str, Any]:
+def topic_summary(client: Client, topic: str, day: date) -> dict[str, Any]:
     names = client.list_channels(topic)
     channel_rows = [channel_summary(client, topic, name, day) for name in names]
     total = {key: sum(row["today"][key] for row in channel_rows) for key in counters(Counters())}
     return {"name": topic, "channels": channel_rows, "today": total}
 
 
-def overview(client: Any) -> dict[str, Any]:
+def overview(client: Client) -> dict[str, Any]:
     """Every topic with its channels' backlog and today's counters."""
     day = today(client)
     result = []
@@ -171,7 +172,7 @@ def overview(client: Any) -> dict[str, Any]:
     return {"day": day.isoformat(), "topics": result}
 
 
-def channel_detail(client: Any, topic: str, channel: str) -> dict[str, Any]:
+def channel_detail(client: Client, topic: str, channel: str) -> dict[str, Any]:
     day = today(client)
     start = retention_start(client)
     return {
@@ -189,7 +190,7 @@ def channel_detail(client: Any, topic: str, channel: str) -> dict[str, Any]:
 
 
 def daily(
-    client: Any, topic: str, channel: str, since: date | None, until: date | None
+    client: Client, topic: str, channel: str, since: date | None, until: date | None
 ) -> dict[str, Any]:
     since = since or retention_start(client)
     until = until or today(client)
@@ -222,7 +223,7 @@ def dead_letter(item: DeadLetter) -> dict[str, Any]:
 
 
 def dead_page(
-    client: Any, topic: str, channel: str, *, limit: int, after_id: int | None
+    client: Client, topic: str, channel: str, *, limit: int, after_id: int | None
 ) -> dict[str, Any]:
     found = client.list_dead(topic, channel, limit=limit + 1, after_id=after_id, with_body=True)
     items = [dead_letter(item) for item in found[:limit]]
@@ -265,7 +266,7 @@ def message(info: MessageInfo, channel_names: list[str], limit: int) -> dict[str
 
 
 def message_page(
-    client: Any,
+    client: Client,
     topic: str,
     *,
     since: datetime | None,
@@ -289,7 +290,7 @@ def message_page(
     }
 
 
-def message_detail(client: Any, message_id: int) -> dict[str, Any]:
+def message_detail(client: Client, message_id: int) -> dict[str, Any]:
     info = client.get_message(message_id)
     try:
         names = client.list_channels(info.topic)

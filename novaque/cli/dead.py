@@ -61,7 +61,7 @@ def _short(text: str | None, width: int) -> str:
 
 
 def run_list(args: argparse.Namespace, context: Context) -> int:
-    client: Any = context.client()
+    client = context.client()
     items = client.list_dead(
         args.topic, args.channel, limit=args.limit, after_id=args.after_id, with_body=args.body
     )
@@ -110,7 +110,7 @@ def _count(result: object, ids: Sequence[int] | None) -> str:
 
 def run_requeue(args: argparse.Namespace, context: Context) -> int:
     ids = _ids(args)
-    client: Any = context.client()
+    client = context.client()
     result = client.requeue_dead(args.topic, args.channel, ids=ids)
     print(f"requeued {_count(result, ids)} dead letters of {args.topic}/{args.channel}")
     return 0
@@ -118,7 +118,7 @@ def run_requeue(args: argparse.Namespace, context: Context) -> int:
 
 def run_delete(args: argparse.Namespace, context: Context) -> int:
     ids = _ids(args)
-    client: Any = context.client()
+    client = context.client()
     result = client.delete_dead(args.topic, args.channel, ids=ids)
     print(f"deleted {_count(result, ids)} dead letters of {args.topic}/{args.channel}")
     return 0

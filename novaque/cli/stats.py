@@ -31,7 +31,7 @@ def register(commands: Any) -> None:
 
 
 def run_stats(args: argparse.Namespace, context: Context) -> int:
-    client: Any = context.client()
+    client = context.client()
     clock = client.options.clock
     today = (clock() if clock is not None else datetime.now(timezone.utc)).date()
     since = args.since or (today if args.until is None else None)
