@@ -15,6 +15,7 @@ Quick start::
 from __future__ import annotations
 
 from novaque.client import Client, connect
+from novaque.consumer import Consumer
 from novaque.errors import (
     ChannelNotFound,
     InvalidName,
@@ -45,6 +46,7 @@ __all__ = [
     "Backoff",
     "ChannelNotFound",
     "Client",
+    "Consumer",
     "Counters",
     "DeadLetter",
     "DeliveryInfo",

@@ -579,8 +579,7 @@ class CoreClient:
                 )
             ]
 
-        result: list[str] = self._run(read)
-        return result
+        return self._run(read)
 
     # -- low-level consuming ------------------------------------------------------------
 
@@ -778,9 +777,14 @@ class CoreClient:
         self._ready()
         self._resample_clock()
         self.reap_leases()
-        self.purge_expired()
+        self._purge_pass()
         self.flush_stats()
         self.prune_stats()
+
+    def _purge_pass(self) -> int:
+        """The purge job of a maintenance pass: TTL purge (and, with the
+        operating calls, dead-letter retention)."""
+        return self.purge_expired()
 
     def _resample_clock(self) -> None:
         if time.monotonic() - self._clock_sampled_at < CLOCK_SAMPLE_S:

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import random
+import select
+import socket
 import sqlite3
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -49,6 +52,30 @@ _PREPARED: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
 NOTIFY_CHANNEL = "novaque"
 MIGRATION_LOCK_KEY = 0x6E6F7661717565  # "novaque"
 MIGRATION_LOCK_NAME = "novaque_migrate"
+#: An idle listening connection is checked with a query this often (seconds),
+#: so a connection that died silently is noticed and replaced.
+LISTEN_HEALTH_CHECK_S = 15.0
+
+
+class NotifyListener(Protocol):
+    """A connection that receives the wake-ups sent by :meth:`Dialect.notify`."""
+
+    def wait(self, timeout: float) -> list[str]:
+        """Wait up to ``timeout`` seconds; return the topics notified meanwhile.
+
+        Returns early (possibly with nothing) after :meth:`interrupt`. Raises
+        when the connection is lost; the caller then closes it and opens a
+        new one.
+        """
+        ...
+
+    def interrupt(self) -> None:
+        """Make a :meth:`wait` in another thread return at once."""
+        ...
+
+    def close(self) -> None:
+        """Close the connection (safe to call twice, and on a broken connection)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +205,14 @@ class Dialect:
     def notify(self, conn: sa.Connection, topic: str) -> None:
         """Wake listening consumers of ``topic`` when the transaction commits."""
 
+    def open_listener(self) -> NotifyListener | None:
+        """Open a connection that receives :meth:`notify` wake-ups.
+
+        Returns None where the database has no such push (consumers then only
+        poll). Raises if the server cannot be reached.
+        """
+        return None
+
     def insert_ignore(self, conn: sa.Connection, table: sa.Table, values: dict[str, Any]) -> None:
         """Insert a row unless it would break a unique constraint (then do nothing).
 
@@ -243,13 +278,7 @@ class Dialect:
         self, conn: sa.Connection, channel_id: int, limit: int, now: int, until: int, token: str
     ) -> list[ClaimedRow]:
         """Lease up to ``limit`` due deliveries of a channel, oldest due first."""
-        params = {
-            "p_channel": channel_id,
-            "p_now": now,
-            "p_limit": limit,
-            "p_until": until,
-            "p_token": token,
-        }
+        params = _claim_params(channel_id, limit, now, until, token)
         leased = conn.execute(_claim_update_returning, params).all()
         return self._with_messages(conn, [(r[0], r[1], r[2], r[3]) for r in leased])
 
@@ -302,6 +331,18 @@ def _driver_sql(
     if compiled.positional:
         return compiled.string, tuple(values[name] for name in compiled.positiontup or ())
     return compiled.string, values
+
+
+def _claim_params(
+    channel_id: int, limit: int, now: int, until: int, token: str
+) -> dict[str, object]:
+    return {
+        "p_channel": channel_id,
+        "p_now": now,
+        "p_limit": limit,
+        "p_until": until,
+        "p_token": token,
+    }
 
 
 def _dotted(version: Iterable[object]) -> str:
@@ -364,18 +405,19 @@ class PostgresDialect(Dialect):
     def notify(self, conn: sa.Connection, topic: str) -> None:
         conn.execute(sa.select(sa.func.pg_notify(NOTIFY_CHANNEL, topic)))
 
+    def open_listener(self) -> NotifyListener | None:
+        try:
+            import psycopg  # noqa: F401  (psycopg 3 reads notifications with a timeout)
+        except ImportError:
+            return None
+        return _PostgresListener(self.engine)
+
     def claim(
         self, conn: sa.Connection, channel_id: int, limit: int, now: int, until: int, token: str
     ) -> list[ClaimedRow]:
         # One statement: lock (skipping rows other consumers hold), lease, and
         # return the message with each delivery.
-        params = {
-            "p_channel": channel_id,
-            "p_now": now,
-            "p_limit": limit,
-            "p_until": until,
-            "p_token": token,
-        }
+        params = _claim_params(channel_id, limit, now, until, token)
         return [
             ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6])
             for r in conn.execute(self._claim_stmt, params)
@@ -383,6 +425,80 @@ class PostgresDialect(Dialect):
 
     def _insert(self, table: sa.Table) -> Any:
         return pg_dialect.insert(table)
+
+
+class _PostgresListener:
+    """``LISTEN novaque`` on a dedicated autocommit psycopg 3 connection.
+
+    The connection is held outside the engine's pool (it lives as long as the
+    client and must never be handed to a query): it is opened the way the
+    engine opens its connections (its ``connect_args``, ``creator`` and
+    connect events included) and then detached from the pool for good.
+    Waiting is a ``select`` on the connection's socket and a private socket
+    pair, so :meth:`interrupt` ends a wait at once; notifications are then
+    read without blocking.
+    """
+
+    def __init__(self, engine: sa.Engine) -> None:
+        import psycopg
+
+        conn: Any
+        if engine.dialect.driver == "psycopg":
+            proxied = engine.raw_connection()
+            proxied.detach()
+            conn = proxied.dbapi_connection
+        else:  # another driver for the engine: libpq keywords work for psycopg too
+            cargs, cparams = engine.dialect.create_connect_args(engine.url)
+            params: dict[str, Any] = {k: v for k, v in cparams.items() if isinstance(v, (str, int))}
+            params.setdefault("connect_timeout", 10)
+            conn = psycopg.connect(*cargs, **params)
+        self._conn = conn
+        self._wake_r, self._wake_w = socket.socketpair()
+        try:
+            self._conn.autocommit = True
+            self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            self._wake_r.setblocking(False)
+            self._wake_w.setblocking(False)
+        except BaseException:
+            self.close()
+            raise
+        self._checked = time.monotonic()
+
+    def wait(self, timeout: float) -> list[str]:
+        sock = self._conn.fileno()
+        ready, _, _ = select.select([sock, self._wake_r], [], [], max(timeout, 0.0))
+        if self._wake_r in ready:
+            with contextlib.suppress(BlockingIOError):
+                while self._wake_r.recv(4096):
+                    pass
+        if sock in ready:
+            # Read what arrived. A tiny timeout rather than 0, in case a
+            # psycopg version reads a falsy timeout as "wait forever".
+            topics = [n.payload for n in self._conn.notifies(timeout=0.001)]
+            if topics:
+                self._checked = time.monotonic()
+                return topics
+            # Readable without a notification: maybe the server is closing
+            # the connection. A query tells (it raises if so).
+            self._health_check()
+        elif time.monotonic() - self._checked > LISTEN_HEALTH_CHECK_S:
+            self._health_check()
+        return []
+
+    def _health_check(self) -> None:
+        self._conn.execute("SELECT 1")
+        self._checked = time.monotonic()
+
+    def interrupt(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._conn.close()
+        for sock in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                sock.close()
 
 
 class MySQLDialect(Dialect):
@@ -547,10 +663,32 @@ class MySQLDialect(Dialect):
         conn.execute(stmt, rows)
 
 
+#: One lock per SQLite file: novaque's transactions in one process take turns
+#: on it (see :meth:`SQLiteDialect.run`).
+_sqlite_locks: dict[str, threading.RLock] = {}
+_sqlite_locks_guard = threading.Lock()
+
+
 class SQLiteDialect(Dialect):
     name = "SQLite"
     floor = (3, 35)
     busy_timeout_ms = 30_000
+
+    def __init__(self, engine: sa.Engine) -> None:
+        super().__init__(engine)
+        key = engine.url.database or ""
+        with _sqlite_locks_guard:
+            self._turn = _sqlite_locks.setdefault(key, threading.RLock())
+
+    def run(self, fn: Callable[[sa.Connection], T], *, attempts: int = 8) -> T:
+        # Every transaction of novaque's takes SQLite's write lock up front.
+        # Threads of one process wait for each other here, where the next one
+        # goes as soon as the lock is free, rather than in SQLite's busy
+        # handler, which sleeps for growing intervals (up to 100 ms) between
+        # tries: a consumer's claims and acks would otherwise stall each other.
+        # Other processes still meet in the busy handler.
+        with self._turn:
+            return super().run(fn, attempts=attempts)
 
     @classmethod
     def check_floor(cls, conn: sa.Connection) -> None:

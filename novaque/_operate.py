@@ -292,8 +292,7 @@ class OperatingClient(CoreClient):
             stmt = _window(sa.select(*_sums).where(stats.c.channel_id == channel_id), first, last)
             return _counters(conn.execute(stmt).one())
 
-        result: Counters = self._run(read)
-        return result
+        return self._run(read)
 
     def topic_counters(
         self,
@@ -313,8 +312,7 @@ class OperatingClient(CoreClient):
             )
             return _counters(conn.execute(stmt, {"p_topic_id": topic_id}).one())
 
-        result: Counters = self._run(read)
-        return result
+        return self._run(read)
 
     def daily_counters(
         self,
@@ -344,8 +342,7 @@ class OperatingClient(CoreClient):
             days = [(row[0], _counters(row[1:])) for row in conn.execute(stmt)]
             return [(day, counters) for day, counters in days if counters != Counters()]
 
-        result: list[tuple[date, Counters]] = self._run(read)
-        return result
+        return self._run(read)
 
     # -- backlog ------------------------------------------------------------------------------
 
@@ -366,8 +363,7 @@ class OperatingClient(CoreClient):
             row = conn.execute(BACKLOG, {"p_channel": channel_id, "p_now": self._now()}).one()
             return Backlog(*(int(n) for n in row[2:]))
 
-        result: Backlog = self._run(read)
-        return result
+        return self._run(read)
 
     def topic_backlog(self, topic: str) -> dict[str, Backlog]:
         """The backlog of each channel of ``topic``, by channel name (sorted).
@@ -383,8 +379,7 @@ class OperatingClient(CoreClient):
             rows = conn.execute(_TOPIC_BACKLOG, {"p_topic_id": topic_id, "p_now": self._now()})
             return {row[1]: Backlog(*(int(n) for n in row[2:])) for row in rows}
 
-        result: dict[str, Backlog] = self._run(read)
-        return result
+        return self._run(read)
 
     # -- dead letters ------------------------------------------------------------------------
 
@@ -429,8 +424,7 @@ class OperatingClient(CoreClient):
                 for row in rows
             ]
 
-        result: list[DeadLetter] = self._run(read)
-        return result
+        return self._run(read)
 
     def requeue_dead(self, topic: str, channel: str, ids: Iterable[int] | None = None) -> int:
         """Make dead letters ready again, now; return how many were requeued.
@@ -578,17 +572,10 @@ class OperatingClient(CoreClient):
             self.log.debug("dead-letter retention deleted %d letters", total)
         return total
 
-    def run_maintenance(self) -> None:
-        """Run one pass of every maintenance job, synchronously.
-
-        The lease reaper, TTL purge, dead-letter retention
-        (:meth:`enforce_dead_retention`), stats flush and stats prune. For
-        tests, and for deployments that run maintenance from cron instead of
-        calling ``start()``.
-        """
-        super().run_maintenance()
-        if self.enforce_dead_retention():
-            self.flush_stats()  # the letters it purged count in this pass too
+    def _purge_pass(self) -> int:
+        """TTL purge, then dead-letter retention: the purge job of every
+        maintenance pass, in ``run_maintenance()`` and in ``start()``'s loop."""
+        return super()._purge_pass() + self.enforce_dead_retention()
 
     def _retire_older(self, channel_id: int, max_age_us: int) -> int:
         batch = self.options.maintenance_batch
@@ -669,8 +656,7 @@ class OperatingClient(CoreClient):
             found = self._with_deliveries(conn, [row[0]], {row[0]: row[1]}, [row[2:]])
             return found[0]
 
-        result: MessageInfo = self._run(read)
-        return result
+        return self._run(read)
 
     def list_messages(
         self,
@@ -712,8 +698,7 @@ class OperatingClient(CoreClient):
                 conn, ids, dict.fromkeys(ids, topic), [r[1:] for r in rows]
             )
 
-        result: list[MessageInfo] = self._run(read)
-        return result
+        return self._run(read)
 
     def _with_deliveries(
         self,
@@ -914,8 +899,7 @@ class OperatingClient(CoreClient):
                     for tid in topic_ids
                 )
 
-            result: int = self._run(count)
-            return result
+            return self._run(count)
         batch = self.options.maintenance_batch
         total = 0
         for topic_id in topic_ids:

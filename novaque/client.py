@@ -8,12 +8,13 @@ import sqlalchemy as sa
 
 from novaque import _dialect
 from novaque._operate import OperatingClient
+from novaque._runtime import RuntimeClient
 from novaque.options import Options
 
 __all__ = ["Client", "connect"]
 
 
-class Client(OperatingClient):
+class Client(RuntimeClient, OperatingClient):
     """A handle on novaque's tables in the database behind ``engine``.
 
     ``Client(engine, options=None)`` touches no database. The first call that
@@ -36,4 +37,6 @@ def connect(url: str | sa.URL, **option_fields: Any) -> Client:
     """
     options = Options(**option_fields)
     pool_size = max(5, options.max_in_flight + 4)
-    return Client(_dialect.create_engine(url, pool_size=pool_size), options)
+    client = Client(_dialect.create_engine(url, pool_size=pool_size), options)
+    client._owns_engine = True  # closed by client.shutdown()
+    return client

@@ -109,7 +109,8 @@ class Backend:
 def _create_database(name: str, server_url: str) -> tuple[str, Callable[[], None]]:
     db = f"novaque_t_{secrets.token_hex(5)}"
     server = sa.make_url(server_url)
-    admin = sa.create_engine(server, isolation_level="AUTOCOMMIT")
+    # No pool: a connection kept from session start would not survive a server restart.
+    admin = sa.create_engine(server, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
     quote = '"' if name == "postgres" else "`"
     with admin.connect() as conn:
         conn.exec_driver_sql(f"CREATE DATABASE {quote}{db}{quote}")

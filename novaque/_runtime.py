@@ -1,0 +1,418 @@
+"""The running side of the client: consumers, maintenance loops, and wake-ups.
+
+:class:`RuntimeClient` adds to :class:`~novaque._core.CoreClient`:
+
+- ``subscribe`` / ``subscribe_and_start``, which make :class:`~novaque.Consumer`
+  objects;
+- ``start`` / ``shutdown`` / ``with client:``: one maintenance thread that runs
+  the lease reaper, the TTL purge, the stats flush and the stats prune at
+  their intervals. Every job is safe to run in many processes at once; a
+  failure is logged at ERROR and the job is tried again after a backoff;
+- on databases that push wake-ups (PostgreSQL ``LISTEN``/``NOTIFY``), one
+  listening connection per client that wakes the local consumers of the
+  notified topic. It reconnects when the connection drops and then wakes
+  every consumer once, since a notification may have been missed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TypeVar
+
+import sqlalchemy as sa
+
+from novaque import _validate
+from novaque._core import CoreClient
+from novaque._dialect import NotifyListener
+from novaque._signals import Signals
+from novaque.consumer import Consumer, Handler, RetryDelay
+from novaque.errors import InvalidOption
+from novaque.models import Message
+from novaque.options import Backoff, Duration, Options, check_int, seconds
+from novaque.schema import STATE_LEASED, STATE_READY, deliveries
+
+__all__ = ["RuntimeClient"]
+
+_C = TypeVar("_C", bound="RuntimeClient")
+
+d = deliveries
+
+#: Largest ``max_in_flight`` of one consumer (it is also its number of threads).
+MAX_IN_FLIGHT = 1000
+#: How long a listener waits for notifications before looking at its stop flag.
+LISTEN_WAIT_S = 5.0
+#: Spread of maintenance intervals (+-10 %), so processes do not run in lockstep.
+INTERVAL_JITTER = 0.1
+
+# Give unstarted deliveries back without counting their attempt: the claim
+# counted it, nothing ran. Fenced by the token like every settle.
+_release = (
+    sa.update(d)
+    .where(
+        d.c.id.in_(sa.bindparam("p_ids", expanding=True)),
+        d.c.lease_token == sa.bindparam("p_token"),
+        d.c.state == STATE_LEASED,
+    )
+    .values(
+        state=STATE_READY,
+        visible_at=sa.bindparam("p_now"),
+        lease_token=None,
+        attempts=d.c.attempts - 1,
+    )
+)
+
+
+@dataclass
+class _Job:
+    name: str
+    interval: float
+    run: Callable[[], object]
+    due: float = 0.0
+    errors: RetryDelay | None = None
+
+
+@dataclass
+class _Listening:
+    """One run of the listener thread, with its own stop flag."""
+
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    thread: threading.Thread | None = None
+    conn: NotifyListener | None = None
+
+
+class RuntimeClient(CoreClient):
+    """Consumers, background maintenance and wake-ups on top of the core client."""
+
+    def __init__(self, engine: sa.Engine, options: Options | None = None) -> None:
+        super().__init__(engine, options)
+        self._runtime_lock = threading.Lock()
+        self._consumers: list[Consumer] = []
+        self._running_consumers: set[Consumer] = set()
+        self._maintenance_thread: threading.Thread | None = None
+        self._maintenance_stop = threading.Event()
+        self._listening: _Listening | None = None
+        #: Set by :func:`novaque.connect`: the engine is novaque's to dispose.
+        self._owns_engine = False
+        #: Maintenance passes and errors, by job name (``reap``, ``purge``,
+        #: ``flush``, ``prune``, ``errors``), and listener events: tests wait
+        #: on these instead of sleeping.
+        self._runtime_signals = Signals()
+
+    # -- consumers ------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        topic: str,
+        channel: str,
+        handler: Handler,
+        *,
+        max_in_flight: int | None = None,
+        lease: Duration | None = None,
+        backoff: Backoff | None = None,
+        poll_interval: Duration | None = None,
+    ) -> Consumer:
+        """A consumer that runs ``handler`` on every message of ``topic``/``channel``.
+
+        Creates the topic and the channel if they are missing. The keyword
+        arguments override the client's :class:`Options` for this consumer:
+        ``max_in_flight`` (worker threads and claim batch size), ``lease``,
+        ``backoff`` (retry delays) and ``poll_interval`` (longest idle wait).
+        The consumer is not started: call :meth:`Consumer.start`, or use
+        :meth:`subscribe_and_start`.
+        """
+        _validate.name(topic, "topic")
+        _validate.name(channel, "channel")
+        if not callable(handler):
+            raise TypeError(f"handler must be callable, got {type(handler).__name__}")
+        if inspect.iscoroutinefunction(handler):
+            raise TypeError(
+                "handler is an async function: the sync client runs handlers on threads; "
+                "give it a plain function"
+            )
+        workers = check_int(
+            self.options.max_in_flight if max_in_flight is None else max_in_flight,
+            "max_in_flight",
+            1,
+            MAX_IN_FLIGHT,
+        )
+        lease_s = _validate.lease(lease, self._default_lease)
+        policy = self.options.backoff if backoff is None else backoff
+        if not isinstance(policy, Backoff):
+            raise InvalidOption(f"backoff must be a novaque.Backoff, got {type(policy).__name__}")
+        poll_s = seconds(
+            self.options.poll_interval if poll_interval is None else poll_interval,
+            "poll_interval",
+            allow_zero=False,
+        )
+        self.ensure_channel(topic, channel)
+        consumer = Consumer(
+            self,
+            topic,
+            channel,
+            handler,
+            max_in_flight=workers,
+            lease=lease_s,
+            backoff=policy,
+            poll_interval=poll_s,
+        )
+        with self._runtime_lock:
+            self._consumers.append(consumer)
+        return consumer
+
+    def subscribe_and_start(
+        self,
+        topic: str,
+        channel: str,
+        handler: Handler,
+        *,
+        max_in_flight: int | None = None,
+        lease: Duration | None = None,
+        backoff: Backoff | None = None,
+        poll_interval: Duration | None = None,
+    ) -> Consumer:
+        """:meth:`subscribe`, then :meth:`Consumer.start`; returns the running consumer."""
+        return self.subscribe(
+            topic,
+            channel,
+            handler,
+            max_in_flight=max_in_flight,
+            lease=lease,
+            backoff=backoff,
+            poll_interval=poll_interval,
+        ).start()
+
+    def _consumer_started(self, consumer: Consumer) -> None:
+        self._add_waker(consumer.topic, consumer._wake_up)
+        with self._runtime_lock:
+            self._running_consumers.add(consumer)
+            if self._dialect.supports_notify and self._listening is None:
+                run = self._listening = _Listening()
+                run.thread = threading.Thread(
+                    target=self._listen_loop, args=(run,), name="novaque-listener", daemon=True
+                )
+                run.thread.start()
+
+    def _consumer_stopped(self, consumer: Consumer) -> None:
+        self._remove_waker(consumer.topic, consumer._wake_up)
+        with self._runtime_lock:
+            self._running_consumers.discard(consumer)
+            if consumer in self._consumers:
+                self._consumers.remove(consumer)
+            idle = not self._running_consumers
+        if idle:
+            self._stop_listener(timeout=5.0)
+
+    def _release(self, msgs: Sequence[Message]) -> int:
+        """Release leased, unstarted deliveries at once; their attempt is not counted."""
+        by_token: dict[str, list[int]] = {}
+        for msg in msgs:
+            by_token.setdefault(msg.lease_token, []).append(msg.delivery_id)
+
+        def write(conn: sa.Connection) -> int:
+            now = self._now()
+            return sum(
+                conn.execute(
+                    _release, {"p_ids": sorted(ids), "p_token": token, "p_now": now}
+                ).rowcount
+                for token, ids in sorted(by_token.items())
+            )
+
+        released: int = self._run(write)
+        return released
+
+    # -- wake-ups -------------------------------------------------------------------
+
+    def _wake_all(self) -> None:
+        with self._wake_lock:
+            wakers = [w for found in self._wakers.values() for w in found]
+        for waker in wakers:
+            waker()
+
+    def _listen_loop(self, run: _Listening) -> None:
+        """Hold the client's one listening connection; wake consumers on NOTIFY."""
+        stop = run.stop
+        errors = RetryDelay()
+        listener: NotifyListener | None = None
+        signals = self._runtime_signals
+        try:
+            while not stop.is_set():
+                try:
+                    if listener is None:
+                        listener = self._dialect.open_listener()
+                        if listener is None:
+                            self.log.warning(
+                                "psycopg 3 is not installed: consumers poll instead of "
+                                "listening for NOTIFY"
+                            )
+                            return
+                        with run.lock:
+                            run.conn = listener
+                        if errors.failures:
+                            self.log.info("listening for NOTIFY again")
+                        errors.reset()
+                        signals.bump("listen_connected")
+                        # Anything published while we were not listening was missed.
+                        self._wake_all()
+                        continue
+                    topics = listener.wait(LISTEN_WAIT_S)
+                    for topic in dict.fromkeys(topics):
+                        self._wake(topic)
+                    if topics:
+                        signals.bump("notified", len(topics))
+                except Exception as exc:
+                    signals.bump("listen_errors")
+                    self.log.error(
+                        "NOTIFY listener failed (reconnecting; consumers poll meanwhile): %s",
+                        _validate.error_text(exc),
+                        exc_info=exc if errors.failures == 0 else None,
+                    )
+                    if listener is not None:
+                        with run.lock:
+                            run.conn = None
+                        listener.close()
+                        listener = None
+                    stop.wait(errors.next())
+        finally:
+            with run.lock:
+                run.conn = None
+            if listener is not None:
+                listener.close()
+
+    def _stop_listener(self, timeout: float) -> None:
+        with self._runtime_lock:
+            run, self._listening = self._listening, None
+        if run is None:
+            return
+        run.stop.set()
+        with run.lock:
+            if run.conn is not None:
+                run.conn.interrupt()
+        if run.thread is not None:
+            run.thread.join(timeout)
+
+    # -- maintenance ----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the background maintenance in this process (idempotent).
+
+        One thread runs the lease reaper every ``reap_interval``, the TTL purge
+        every ``purge_interval``, the stats flush every
+        ``stats_flush_interval`` and the stats prune every
+        ``stats_prune_interval``. Running it in many processes at once is
+        safe. A failing job is logged at ERROR and tried again after a
+        backoff. Consumers are started on their own (:meth:`Consumer.start`).
+        """
+        with self._runtime_lock:
+            if self._maintenance_thread is not None and self._maintenance_thread.is_alive():
+                return
+            self._maintenance_stop.clear()
+            self._maintenance_thread = threading.Thread(
+                target=self._maintenance_loop, name="novaque-maintenance", daemon=True
+            )
+            self._maintenance_thread.start()
+        self.log.info("novaque maintenance started")
+
+    def _maintenance_jobs(self) -> list[_Job]:
+        o = self.options
+        return [
+            _Job("reap", seconds(o.reap_interval, "reap_interval"), self._reap_pass),
+            _Job("purge", seconds(o.purge_interval, "purge_interval"), self._purge_pass),
+            _Job("flush", seconds(o.stats_flush_interval, "flush"), self.flush_stats),
+            _Job("prune", seconds(o.stats_prune_interval, "prune"), self.prune_stats),
+        ]
+
+    def _reap_pass(self) -> int:
+        self._ready()
+        self._resample_clock()
+        return self.reap_leases()
+
+    def _maintenance_loop(self) -> None:
+        jobs = self._maintenance_jobs()
+        signals = self._runtime_signals
+        stop = self._maintenance_stop
+        while not stop.is_set():
+            now = time.monotonic()
+            for job in jobs:
+                if job.due > now or stop.is_set():
+                    continue
+                try:
+                    job.run()
+                except Exception as exc:
+                    job.errors = job.errors or RetryDelay()
+                    self.log.error(
+                        "maintenance job %s failed (retrying): %s",
+                        job.name,
+                        _validate.error_text(exc),
+                        exc_info=exc if job.errors.failures == 0 else None,
+                    )
+                    job.due = time.monotonic() + min(job.interval, job.errors.next())
+                    signals.bump("errors")
+                    signals.bump(f"{job.name}_errors")
+                else:
+                    if job.errors is not None:
+                        job.errors.reset()
+                    spread = random.uniform(1 - INTERVAL_JITTER, 1 + INTERVAL_JITTER)
+                    job.due = time.monotonic() + job.interval * spread
+                    signals.bump(job.name)
+            stop.wait(max(0.0, min(job.due for job in jobs) - time.monotonic()))
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop everything this client runs, within about ``timeout`` seconds.
+
+        Shuts every consumer down (see :meth:`Consumer.shutdown`; they share
+        the timeout), stops the maintenance thread and the listener, flushes
+        the buffered stats, and closes the connections of the engine novaque
+        opened itself (SQLite's second engine, or the engine
+        :func:`novaque.connect` built). The client stays usable: calls open
+        new connections, and :meth:`start` starts maintenance again.
+        """
+        deadline = time.monotonic() + timeout
+        with self._runtime_lock:
+            consumers = list(self._consumers)
+        stopping = [c for c in consumers if c._begin_shutdown()]
+        for consumer in stopping:
+            consumer._finish_shutdown(deadline)
+        with self._runtime_lock:
+            self._consumers = [c for c in self._consumers if c.running]
+        with self._runtime_lock:
+            thread = self._maintenance_thread
+            self._maintenance_thread = None
+            self._maintenance_stop.set()
+        if thread is not None:
+            thread.join(max(1.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                self.log.warning("novaque maintenance did not stop within the timeout")
+        self._stop_listener(timeout=max(1.0, deadline - time.monotonic()))
+        try:
+            self.flush_stats()
+        except Exception as exc:
+            self.log.error(
+                "could not flush stats at shutdown (kept in memory): %s",
+                _validate.error_text(exc),
+            )
+        if self._dialect.engine is not self.engine:
+            self._dialect.engine.dispose()
+        if self._owns_engine:
+            self.engine.dispose()
+        if thread is not None or stopping:
+            self.log.info("novaque client shut down")
+
+    def __enter__(self: _C) -> _C:
+        """``with client:`` starts maintenance and shuts everything down at the end."""
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.shutdown()

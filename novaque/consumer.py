@@ -1,0 +1,563 @@
+"""The consumer runtime: one subscription's claim loop, workers, settler and heartbeat.
+
+A :class:`Consumer` is made by :meth:`novaque.Client.subscribe`. Once started
+it runs four kinds of threads:
+
+- the **claim loop** leases up to ``max_in_flight`` deliveries at a time, only
+  as many as there are idle workers, so nothing it claims waits long;
+- ``max_in_flight`` **workers** run the handler, one message each;
+- the **settler** writes the outcomes in batches: every ack that piled up
+  while the last batch was written goes in one ``ack_many`` round trip;
+  retries and rejections follow;
+- the **heartbeat** renews the lease of every delivery the consumer holds
+  once half of it has run out, so a slow but alive handler is not delivered
+  twice.
+
+Idle, the claim loop polls with a delay that starts small and doubles up to
+``poll_interval`` (each wait jittered by +-50 %). A publish in the same
+process, a PostgreSQL ``NOTIFY`` or a worker becoming free wakes it at once.
+Database errors are logged and retried with backoff; they never end a thread.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from novaque import _validate
+from novaque._signals import Signals
+from novaque._time import US, to_us
+from novaque.errors import LeaseLost, Reject
+from novaque.models import Message
+from novaque.options import Backoff
+
+if TYPE_CHECKING:
+    from novaque._runtime import RuntimeClient
+
+__all__ = ["Consumer", "Handler"]
+
+#: A message handler: return to ack, raise to retry, raise Reject to dead-letter.
+Handler = Callable[[Message], object]
+
+#: First and largest wait (seconds) after a database error in a background loop.
+ERROR_DELAY_FIRST_S = 0.1
+ERROR_DELAY_CAP_S = 5.0
+#: Bounds of the heartbeat's tick (seconds of real time): a quarter of the lease.
+HEARTBEAT_TICK_MIN_S = 0.05
+HEARTBEAT_TICK_MAX_S = 5.0
+
+
+class RetryDelay:
+    """Exponential, jittered waits after consecutive failures of a background loop."""
+
+    def __init__(self, first: float = ERROR_DELAY_FIRST_S, cap: float = ERROR_DELAY_CAP_S) -> None:
+        self.first = first
+        self.cap = cap
+        self.failures = 0
+
+    def next(self) -> float:
+        """Count one more failure; return how long to wait before trying again."""
+        self.failures += 1
+        raw = min(self.cap, self.first * 2.0 ** min(self.failures - 1, 30))
+        return jittered(raw)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+def jittered(delay: float) -> float:
+    """``delay`` +-50 %."""
+    return delay * random.uniform(0.5, 1.5)
+
+
+@dataclass(slots=True)
+class _Outcome:
+    kind: str  # "ack" | "retry" | "reject"
+    msg: Message
+    text: str | None = None  # last error (retry) or reason (reject)
+    delay: float = 0.0  # retry delay in seconds
+
+
+_NEW, _RUNNING, _STOPPING, _STOPPED = "new", "running", "stopping", "stopped"
+
+
+class Consumer:
+    """Runs a handler on the messages of one channel; made by ``Client.subscribe``.
+
+    Call :meth:`start` to begin and :meth:`shutdown` to stop. The handler
+    contract: return ⇒ ack; raise ⇒ retry after the backoff (the exception's
+    ``Type: text`` is kept as the delivery's last error), or dead with reason
+    ``max_attempts`` once attempts run out; raise :class:`novaque.Reject` ⇒
+    dead at once with its reason.
+
+    Attributes ``topic``, ``channel``, ``max_in_flight``, ``lease`` (seconds),
+    ``backoff`` and ``poll_interval`` (seconds) are the effective settings.
+    """
+
+    def __init__(
+        self,
+        client: RuntimeClient,
+        topic: str,
+        channel: str,
+        handler: Handler,
+        *,
+        max_in_flight: int,
+        lease: float,
+        backoff: Backoff,
+        poll_interval: float,
+    ) -> None:
+        self.topic = topic
+        self.channel = channel
+        self.handler = handler
+        self.max_in_flight = max_in_flight
+        self.lease = lease
+        self.backoff = backoff
+        self.poll_interval = poll_interval
+        self._client = client
+        self._log = client.log
+        self._lock = threading.Lock()
+        self._work_ready = threading.Condition(self._lock)
+        self._results_ready = threading.Condition(self._lock)
+        self._work: deque[Message] = deque()
+        self._running: dict[tuple[int, str], Message] = {}
+        self._results: deque[_Outcome] = deque()
+        #: Every lease this consumer holds and has not settled or released, by
+        #: (delivery id, lease token): a delivery whose lease was lost may be
+        #: claimed again by this very consumer while its first handler runs.
+        self._held: dict[tuple[int, str], Message] = {}
+        self._lost: set[tuple[int, str]] = set()
+        self._wake = threading.Event()
+        self._stop_claiming = threading.Event()
+        self._stop_heartbeat = threading.Event()
+        self._stop_settling = threading.Event()  # ends a settler's wait after an error
+        self._workers_stop = False
+        self._settler_stop = False
+        self._settle_deadline = float("inf")
+        self._state = _NEW
+        self._threads: dict[str, list[threading.Thread]] = {}
+        #: What happened so far (claim passes, handlers started, acks, ...):
+        #: tests wait on these instead of sleeping.
+        self._signals = Signals()
+
+    def __repr__(self) -> str:
+        return (
+            f"<novaque.Consumer {self.topic}/{self.channel} {self._state} "
+            f"max_in_flight={self.max_in_flight}>"
+        )
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """True between :meth:`start` and :meth:`shutdown`."""
+        return self._state == _RUNNING
+
+    @property
+    def in_flight(self) -> int:
+        """Deliveries this consumer holds a lease on and has not settled yet."""
+        with self._lock:
+            return len(self._held)
+
+    def start(self) -> Consumer:
+        """Start claiming and handling messages; returns the consumer.
+
+        Starting a running consumer does nothing; a consumer that was shut
+        down cannot start again (subscribe again instead).
+        """
+        with self._lock:
+            if self._state == _RUNNING:
+                return self
+            if self._state != _NEW:
+                raise RuntimeError(
+                    f"consumer of {self.topic}/{self.channel} was shut down; "
+                    "call client.subscribe(...) again for a new one"
+                )
+            self._state = _RUNNING
+        name = f"{self.topic}/{self.channel}"
+        self._threads = {
+            "claim": [threading.Thread(target=self._claim_loop, name=f"novaque-claim {name}")],
+            "workers": [
+                threading.Thread(target=self._worker, name=f"novaque-worker-{i} {name}")
+                for i in range(self.max_in_flight)
+            ],
+            "settle": [threading.Thread(target=self._settle_loop, name=f"novaque-settle {name}")],
+            "heartbeat": [
+                threading.Thread(target=self._heartbeat_loop, name=f"novaque-heartbeat {name}")
+            ],
+        }
+        for group in self._threads.values():
+            for thread in group:
+                thread.daemon = True  # a stuck handler must not keep the process alive
+                thread.start()
+        self._client._consumer_started(self)
+        self._log.info(
+            "consumer of %s/%s started (max_in_flight=%d, lease=%gs)",
+            self.topic,
+            self.channel,
+            self.max_in_flight,
+            self.lease,
+        )
+        return self
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop gracefully within ``timeout`` seconds.
+
+        Stops claiming; releases the deliveries claimed but not yet started at
+        once, without counting the attempt; lets running handlers finish;
+        writes the pending acks and retries; returns. Deliveries whose
+        handler is still running at the deadline keep their lease and are
+        delivered again after it expires.
+        """
+        deadline = time.monotonic() + timeout
+        if self._begin_shutdown():
+            self._finish_shutdown(deadline)
+
+    def _begin_shutdown(self) -> bool:
+        """Stop claiming (returns at once); False if there is nothing to stop."""
+        with self._lock:
+            if self._state == _NEW:
+                self._state = _STOPPED
+                return False
+            if self._state != _RUNNING:
+                return False
+            self._state = _STOPPING
+        self._stop_claiming.set()
+        self._wake.set()
+        return True
+
+    def _finish_shutdown(self, deadline: float) -> None:
+        self._join("claim", deadline)
+        with self._lock:
+            unstarted = list(self._work)
+            self._work.clear()
+            self._workers_stop = True
+            self._work_ready.notify_all()
+        self._release(unstarted)
+        self._join("workers", deadline)
+        with self._lock:
+            self._settle_deadline = deadline
+            self._settler_stop = True
+            self._results_ready.notify_all()
+        self._stop_settling.set()
+        self._join("settle", deadline)
+        self._stop_heartbeat.set()
+        self._join("heartbeat", deadline + 1.0)
+        with self._lock:
+            self._state = _STOPPED
+            left_running = len(self._running)
+            unsettled = len(self._results)
+            self._held.clear()
+        if left_running:
+            self._log.warning(
+                "consumer of %s/%s: %d handler(s) still running at the shutdown deadline; "
+                "their deliveries will be delivered again after their lease expires",
+                self.topic,
+                self.channel,
+                left_running,
+            )
+        if unsettled:
+            self._log.error(
+                "consumer of %s/%s: %d result(s) could not be written before the shutdown "
+                "deadline; those deliveries will be delivered again after their lease expires",
+                self.topic,
+                self.channel,
+                unsettled,
+            )
+        self._client._consumer_stopped(self)
+        self._log.info("consumer of %s/%s stopped", self.topic, self.channel)
+
+    def _join(self, group: str, deadline: float) -> None:
+        for thread in self._threads.get(group, []):
+            if thread is not threading.current_thread():  # shutdown called by a handler
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _wake_up(self) -> None:
+        """Claim now (called on publish, NOTIFY, or a free worker)."""
+        self._wake.set()
+
+    # -- claiming ---------------------------------------------------------------------
+
+    def _claim_loop(self) -> None:
+        first_idle = min(self.poll_interval, max(self.poll_interval / 16, 0.005))
+        idle = first_idle
+        errors = RetryDelay()
+        channel_id: int | None = None
+        while True:
+            self._wake.clear()
+            if self._stop_claiming.is_set():
+                return
+            with self._lock:
+                free = self.max_in_flight - len(self._work) - len(self._running)
+            if free <= 0:
+                self._wake.wait(1.0)
+                continue
+            try:
+                if channel_id is None:
+                    channel_id = self._client._channel_id(self.topic, self.channel)
+                got = self._client._claim(self.topic, self.channel, channel_id, free, self.lease)
+            except Exception as exc:
+                channel_id = None
+                self._signals.bump("claim_errors")
+                self._log_failure(errors, "claiming", exc)
+                self._stop_claiming.wait(errors.next())
+                continue
+            errors.reset()
+            self._signals.bump("polls")
+            if not got:
+                self._wake.wait(jittered(idle))
+                idle = min(idle * 2, self.poll_interval)
+                continue
+            idle = first_idle
+            self._signals.bump("claimed", len(got))
+            with self._lock:
+                for msg in got:
+                    self._held[_key(msg)] = msg
+                if not self._stop_claiming.is_set():
+                    self._work.extend(got)
+                    self._work_ready.notify(len(got))
+                    continue
+            self._release(got)  # shutdown began during the claim
+            return
+
+    def _release(self, msgs: list[Message]) -> None:
+        """Give unstarted deliveries back at once, their attempt not counted."""
+        if not msgs:
+            return
+        try:
+            self._client._release(msgs)
+            self._signals.bump("released", len(msgs))
+            self._log.debug(
+                "released %d unstarted deliveries of %s/%s", len(msgs), self.topic, self.channel
+            )
+        except Exception:
+            self._log.error(
+                "could not release %d unstarted deliveries of %s/%s; they will be "
+                "delivered again after their lease expires",
+                len(msgs),
+                self.topic,
+                self.channel,
+                exc_info=True,
+            )
+        with self._lock:
+            for msg in msgs:
+                self._held.pop(_key(msg), None)
+
+    # -- handling ---------------------------------------------------------------------
+
+    def _worker(self) -> None:
+        while True:
+            with self._lock:
+                while not self._work and not self._workers_stop:
+                    self._work_ready.wait()
+                if not self._work:
+                    return
+                msg = self._work.popleft()
+                self._running[_key(msg)] = msg
+            self._signals.bump("started")
+            outcome = self._handle(msg)
+            with self._lock:
+                del self._running[_key(msg)]
+                late = self._state == _STOPPED
+                if not late:
+                    self._results.append(outcome)
+                    self._results_ready.notify()
+            self._wake.set()  # a worker is free: claim more
+            self._signals.bump("handled")
+            if late:
+                self._log.warning(
+                    "handler of delivery %d (%s/%s) finished after shutdown; it will be "
+                    "delivered again after its lease expires",
+                    msg.delivery_id,
+                    self.topic,
+                    self.channel,
+                )
+
+    def _handle(self, msg: Message) -> _Outcome:
+        try:
+            self.handler(msg)
+        except Reject as exc:
+            self._log.info(
+                "message %d rejected by the handler of %s/%s", msg.id, self.topic, self.channel
+            )
+            return _Outcome("reject", msg, exc.reason)
+        except BaseException as exc:
+            text = _validate.error_text(exc)
+            self._log.warning(
+                "handler of %s/%s failed on message %d (attempt %d of %d): %s",
+                self.topic,
+                self.channel,
+                msg.id,
+                msg.attempts,
+                msg.max_attempts,
+                text,
+                exc_info=exc,
+            )
+            return _Outcome("retry", msg, text, self.backoff.delay(msg.attempts))
+        return _Outcome("ack", msg)
+
+    # -- settling ---------------------------------------------------------------------
+
+    def _settle_loop(self) -> None:
+        errors = RetryDelay()
+        while True:
+            with self._lock:
+                while not self._results and not self._settler_stop:
+                    self._results_ready.wait()
+                if not self._results:
+                    return
+                batch = list(self._results)
+                self._results.clear()
+            failed = self._settle(batch)
+            if not failed:
+                errors.reset()
+                continue
+            with self._lock:
+                self._results.extendleft(reversed(failed))
+                stopping, deadline = self._settler_stop, self._settle_deadline
+            wait = errors.next()
+            if stopping:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._stop_settling.clear()  # shutdown has begun: wait out the delay
+                wait = min(wait, left)
+            self._stop_settling.wait(wait)
+
+    def _settle(self, batch: list[_Outcome]) -> list[_Outcome]:
+        """Write outcomes; return those that failed on a database error (to retry)."""
+        failed: list[_Outcome] = []
+        acks = [o for o in batch if o.kind == "ack"]
+        if acks:
+            try:
+                lost = self._client.ack_many([o.msg for o in acks])
+            except Exception as exc:
+                self._signals.bump("settle_errors")
+                self._log.error("could not ack %d messages: %s", len(acks), _short(exc))
+                failed.extend(acks)
+            else:
+                lost_ids = {id(m) for m in lost}
+                for outcome in acks:
+                    if id(outcome.msg) in lost_ids:
+                        self._lease_lost_on_settle(outcome)
+                    else:
+                        self._settled(outcome.msg)
+                self._signals.bump("acked", len(acks) - len(lost))
+        for outcome in batch:
+            if outcome.kind == "ack":
+                continue
+            try:
+                if outcome.kind == "retry":
+                    self._client._retry(outcome.msg, outcome.delay, outcome.text)
+                else:
+                    self._client.reject(outcome.msg, outcome.text or "")
+            except LeaseLost:
+                self._lease_lost_on_settle(outcome)
+            except Exception as exc:
+                self._signals.bump("settle_errors")
+                self._log.error(
+                    "could not %s message %d: %s", outcome.kind, outcome.msg.id, _short(exc)
+                )
+                failed.append(outcome)
+            else:
+                self._settled(outcome.msg)
+                dead = outcome.kind == "reject" or outcome.msg.attempts >= outcome.msg.max_attempts
+                self._signals.bump("dead" if dead else "retried")
+        return failed
+
+    def _settled(self, msg: Message) -> None:
+        with self._lock:
+            self._held.pop(_key(msg), None)
+            self._lost.discard(_key(msg))
+        self._signals.bump("settled")
+
+    def _lease_lost_on_settle(self, outcome: _Outcome) -> None:
+        msg = outcome.msg
+        self._log.error(
+            "LeaseLost: could not %s message %d (delivery %d of %s/%s): its lease was "
+            "reaped or claimed again while the handler ran; it will be (or was) delivered again",
+            outcome.kind,
+            msg.id,
+            msg.delivery_id,
+            self.topic,
+            self.channel,
+        )
+        self._settled(msg)
+        self._signals.bump("lease_lost")
+
+    # -- heartbeat --------------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        tick = min(max(self.lease / 4, HEARTBEAT_TICK_MIN_S), HEARTBEAT_TICK_MAX_S)
+        half_us = int(self.lease * US / 2)
+        errors = RetryDelay()
+        while not self._stop_heartbeat.wait(tick):
+            try:
+                now = self._client._now()
+            except Exception as exc:  # a user clock that fails
+                self._log_failure(errors, "reading the clock", exc)
+                errors.next()
+                continue
+            with self._lock:
+                due = [
+                    m
+                    for key, m in self._held.items()
+                    if key not in self._lost and to_us(m.lease_expires_at) - now <= half_us
+                ]
+            for msg in due:
+                if self._stop_heartbeat.is_set():
+                    return
+                self._renew(msg, errors)
+            self._signals.bump("heartbeats")
+
+    def _renew(self, msg: Message, errors: RetryDelay) -> None:
+        try:
+            self._client.renew(msg, lease=self.lease)
+        except LeaseLost:
+            with self._lock:
+                still_held = _key(msg) in self._held
+                if still_held:
+                    self._lost.add(_key(msg))
+            if still_held:
+                self._signals.bump("renew_lost")
+                self._log.warning(
+                    "lease of delivery %d (%s/%s) was lost before it could be renewed; "
+                    "the message will be delivered again",
+                    msg.delivery_id,
+                    self.topic,
+                    self.channel,
+                )
+        except Exception as exc:
+            self._signals.bump("renew_errors")
+            self._log_failure(errors, f"renewing the lease of delivery {msg.delivery_id}", exc)
+            errors.next()
+        else:
+            errors.reset()
+            self._signals.bump("renewed")
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _log_failure(self, errors: RetryDelay, doing: str, exc: BaseException) -> None:
+        """ERROR with the traceback the first time in a row, then one line."""
+        self._log.error(
+            "consumer of %s/%s: error while %s (retrying): %s",
+            self.topic,
+            self.channel,
+            doing,
+            _short(exc),
+            exc_info=exc if errors.failures == 0 else None,
+        )
+
+
+def _key(msg: Message) -> tuple[int, str]:
+    return (msg.delivery_id, msg.lease_token)
+
+
+def _short(exc: BaseException) -> str:
+    text = _validate.error_text(exc) or type(exc).__name__
+    first = text.splitlines()[0] if text else text
+    return first[:300]

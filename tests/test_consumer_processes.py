@@ -1,0 +1,273 @@
+"""Consumers in several OS processes, killed processes, and a database that goes away.
+
+The consumer processes run ``tests/runtime_workers.py``. Conditions are
+awaited by polling them with a deadline, never by sleeping a fixed time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+import novaque
+from novaque.schema import deliveries
+from tests.conftest import Backend
+from tests.test_consumer import WAIT, Recorder, waited
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow
+
+
+def eventually(condition: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
+    """Poll ``condition`` until it holds; fail with ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def live_deliveries(backend: Backend) -> int:
+    engine = sa.create_engine(backend.url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(sa.select(sa.func.count()).select_from(deliveries)).scalar_one()
+            )
+    finally:
+        engine.dispose()
+
+
+class Worker:
+    """One consumer process of ``tests.runtime_workers``."""
+
+    def __init__(self, backend: Backend, out: Path, **flags: object) -> None:
+        self.out = out
+        args = [sys.executable, "-m", "tests.runtime_workers", backend.url, "t", "c", str(out)]
+        for name, value in flags.items():
+            args += [f"--{name.replace('_', '-')}", str(value)]
+        self.proc = subprocess.Popen(args, cwd=ROOT)
+
+    def lines(self) -> list[list[str]]:
+        if not self.out.exists():
+            return []
+        text = self.out.read_text()
+        complete = text[: text.rfind("\n") + 1]  # a killed process may leave half a line
+        return [line.split() for line in complete.splitlines()]
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        self.proc.wait(timeout=WAIT)
+
+
+def go(workers: list[Worker]) -> None:
+    """Start the workers' consumers together, once every one is subscribed."""
+    eventually(
+        lambda: all(
+            w.out.with_suffix(".ready").exists() or w.proc.poll() is not None for w in workers
+        ),
+        "the workers to subscribe",
+    )
+    assert all(w.proc.poll() is None for w in workers), "a worker died before starting"
+    (workers[0].out.parent / "go").touch()
+
+
+@pytest.fixture
+def workers() -> Iterator[list[Worker]]:
+    made: list[Worker] = []
+    yield made
+    for worker in made:  # never leave a process behind, whatever happened
+        if worker.proc.poll() is None:
+            worker.proc.kill()
+            worker.proc.wait(timeout=WAIT)
+
+
+def test_sigkill_mid_handler_loses_nothing(
+    backend: Backend, tmp_path: Path, workers: list[Worker]
+) -> None:
+    client = backend.client()
+    client.ensure_channel("t", "c")
+    # The worker handles the first 30, then its 4 workers hang on the "hang"
+    # messages (the 6 after them are handled by whichever workers are free).
+    ids = client.publish_many("t", [f"ok {i}" for i in range(30)])
+    hung = client.publish_many("t", [f"hang {i}" for i in range(4)])
+    ids += hung + client.publish_many("t", [f"ok {i}" for i in range(30, 36)])
+    worker = Worker(backend, tmp_path / "killed.txt", max_in_flight=4, lease=1.0)
+    workers.append(worker)
+    go(workers)
+
+    def hanging() -> set[int]:
+        return {int(f[3]) for f in worker.lines() if f[0] == "S" and int(f[3]) in hung}
+
+    eventually(lambda: hanging() == set(hung), "the 4 handlers to hang")
+    worker.stop(signal.SIGKILL)
+    finished = {int(f[3]) for f in worker.lines() if f[0] == "E"}
+    assert not finished & set(hung)
+
+    # A fresh consumer gets what the dead process held, once its leases expire.
+    handler = Recorder()
+    consumer = client.subscribe_and_start("t", "c", handler, max_in_flight=4, poll_interval=0.05)
+    eventually(lambda: live_deliveries(backend) == 0, "every message to be settled")
+    consumer.shutdown()
+    recovered = set(handler.ids())
+    assert set(hung) <= recovered
+    assert finished | recovered == set(ids)
+
+
+def test_three_processes_compete_without_double_leasing(
+    backend: Backend, tmp_path: Path, workers: list[Worker]
+) -> None:
+    client = backend.client()
+    client.ensure_channel("t", "c")
+    ids: list[int] = []
+    for start in range(0, 3000, 500):
+        ids += client.publish_many("t", [f"m{i}" for i in range(start, start + 500)])
+    workers += [Worker(backend, tmp_path / f"worker{i}.txt", max_in_flight=4) for i in range(3)]
+    go(workers)
+    eventually(lambda: live_deliveries(backend) == 0, "3,000 messages to be settled")
+    for worker in workers:
+        worker.stop(signal.SIGTERM)
+        assert worker.proc.returncode == 0
+
+    spans: dict[tuple[str, str], dict[str, int]] = defaultdict(dict)
+    handled_by: Counter[int] = Counter()
+    message_of: dict[str, int] = {}
+    for n, worker in enumerate(workers):
+        for kind, delivery, token, message, at in worker.lines():
+            spans[(delivery, token)][kind] = int(at)
+            message_of[delivery] = int(message)
+            if kind == "S":
+                handled_by[n] += 1
+    assert sorted(message_of.values()) == sorted(ids)
+    assert all(set(span) == {"S", "E"} for span in spans.values())
+    by_delivery: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for (delivery, _token), span in spans.items():
+        by_delivery[delivery].append((span["S"], span["E"]))
+    overlaps = [
+        d
+        for d, runs in by_delivery.items()
+        if any(a[1] > b[0] for a, b in zip(sorted(runs), sorted(runs)[1:], strict=False))
+    ]
+    assert overlaps == []
+    # With 30 s leases nothing expired: every delivery was handled exactly once.
+    assert all(len(runs) == 1 for runs in by_delivery.values())
+    assert len([n for n in handled_by.values() if n]) >= 2, handled_by
+
+
+def _kill_connections(backend: Backend) -> int:
+    """Drop every connection to the test database but our own."""
+    engine = sa.create_engine(backend.url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            if backend.name == "postgres":
+                return len(
+                    conn.exec_driver_sql(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    ).all()
+                )
+            ids = (
+                conn.exec_driver_sql(
+                    "SELECT id FROM information_schema.processlist "
+                    "WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+                )
+                .scalars()
+                .all()
+            )
+            for connection_id in ids:
+                with contextlib.suppress(sa.exc.DBAPIError):  # it may have ended meanwhile
+                    conn.exec_driver_sql(f"KILL CONNECTION {int(connection_id)}")
+            return len(ids)
+    finally:
+        engine.dispose()
+
+
+def _restart_postgres() -> None:
+    version = os.listdir("/etc/postgresql")[0]
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
+        check=True,
+        timeout=120,
+    )
+
+
+def _ensure_postgres_up() -> None:
+    version = os.listdir("/etc/postgresql")[0]
+    up = subprocess.run(["pg_isready", "-h", "127.0.0.1", "-q"], check=False).returncode == 0
+    if not up:
+        subprocess.run(
+            ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start"],
+            check=False,
+            timeout=120,
+        )
+    eventually(
+        lambda: (
+            subprocess.run(["pg_isready", "-h", "127.0.0.1", "-q"], check=False).returncode == 0
+        ),
+        "PostgreSQL to accept connections",
+        timeout=120,
+    )
+
+
+def _consume_through(backend: Backend, disrupt: Callable[[], None]) -> dict[str, int]:
+    """Publish 200 messages around ``disrupt()``; every one must be handled."""
+    client = backend.client()
+    client.ensure_channel("t", "c")
+    ids = client.publish_many("t", [f"before {i}" for i in range(100)])
+    handler = Recorder(lambda msg: time.sleep(0.002))
+    consumer = client.subscribe_and_start(
+        "t", "c", handler, max_in_flight=4, lease=2.0, poll_interval=0.05
+    )
+    waited(consumer._signals.wait("acked", 30, WAIT), "the first acks")
+    disrupt()
+    # Publish from a fresh engine: the client's own connections died too.
+    producer = novaque.Client(sa.create_engine(backend.url, poolclass=sa.NullPool))
+    ids += producer.publish_many("t", [f"after {i}" for i in range(100)])
+    eventually(lambda: live_deliveries(backend) == 0, "all 200 messages to be settled")
+    assert set(handler.ids()) == set(ids)
+    consumer.shutdown()
+    producer.engine.dispose()
+    return consumer._signals.snapshot()
+
+
+@pytest.mark.parametrize("backend", ["postgres", "mysql"], indirect=True)  # servers only
+def test_consumer_resumes_after_its_connections_are_dropped(
+    backend: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    dropped = threading.Event()
+
+    def disrupt() -> None:
+        assert _kill_connections(backend) >= 1
+        dropped.set()
+
+    signals = _consume_through(backend, disrupt)
+    assert dropped.is_set()
+    # The drop was noticed (and survived) by the consumer's threads.
+    errors = sum(signals.get(k, 0) for k in ("claim_errors", "settle_errors", "renew_errors"))
+    assert errors >= 1, signals
+    assert "error while claiming" in caplog.text or "could not ack" in caplog.text
+
+
+@pytest.mark.skipif(
+    not os.environ.get("NOVAQUE_TEST_PG_RESTART"),
+    reason="set NOVAQUE_TEST_PG_RESTART=1 to restart the shared PostgreSQL server",
+)
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_consumer_resumes_after_a_postgres_restart(backend: Backend) -> None:
+    try:
+        signals = _consume_through(backend, _restart_postgres)
+    finally:
+        _ensure_postgres_up()
+    assert signals.get("claim_errors", 0) + signals.get("settle_errors", 0) >= 1

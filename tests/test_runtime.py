@@ -1,0 +1,213 @@
+"""The client's background side: maintenance loops, start/shutdown, ``with client:``."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import novaque
+from novaque.schema import STATE_DEAD, messages, stats
+from tests.conftest import Backend, FakeClock
+from tests.test_consumer import WAIT, Recorder, rows, waited
+
+FAST = {
+    "reap_interval": 0.02,
+    "purge_interval": 0.02,
+    "stats_flush_interval": 0.02,
+    "stats_prune_interval": 0.02,
+}
+
+
+def passes(client: novaque.Client) -> dict[str, int]:
+    return client._runtime_signals.snapshot()
+
+
+def wait_passes(client: novaque.Client, *jobs: str, more: int = 2) -> None:
+    """Wait until each job ran ``more`` more passes than now."""
+    signals = client._runtime_signals
+    target = {job: signals.count(job) + more for job in jobs}
+    waited(
+        signals.wait_until(lambda c: all(c[j] >= n for j, n in target.items()), WAIT),
+        f"maintenance passes of {', '.join(jobs)}",
+    )
+
+
+def counter_totals(backend: Backend) -> dict[str, int]:
+    with backend.engine().connect() as conn:
+        row = conn.execute(
+            sa.select(
+                *(
+                    sa.func.coalesce(sa.func.sum(stats.c[c]), 0).label(c)
+                    for c in ("published", "claimed", "acked", "dead", "purged")
+                )
+            )
+        ).one()
+    return {k: int(v) for k, v in row._mapping.items()}
+
+
+def test_start_runs_every_maintenance_job_repeatedly(backend: Backend, clock: FakeClock) -> None:
+    client = backend.client(clock=clock, **FAST)
+    client.ensure_channel("t", "c")
+    client.publish("t", b"short-lived", ttl=60)
+    client.publish("t", b"last chance", max_attempts=1)
+    (msg,) = [m for m in client.claim("t", "c", max_messages=2, lease=10) if m.max_attempts == 1]
+    client.start()
+    client.start()  # already running: nothing happens
+    wait_passes(client, "reap", "purge", "flush", "prune")
+    assert len(rows(backend)) == 2
+    clock.advance(61)  # the lease ran out on its last attempt, and the TTL of the first
+    wait_passes(client, "reap", "purge")
+    (row,) = rows(backend)
+    assert (row["message_id"], row["state"], row["dead_reason"]) == (
+        msg.id,
+        STATE_DEAD,
+        "max_attempts",
+    )
+    with backend.engine().connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(messages)).scalar() == 1
+    wait_passes(client, "flush")
+    totals = counter_totals(backend)
+    assert (totals["published"], totals["dead"], totals["purged"]) == (2, 1, 1)
+    assert passes(client).get("errors", 0) == 0
+    client.shutdown()
+    assert client._maintenance_thread is None
+
+
+def test_a_failing_job_is_logged_at_error_and_tried_again(
+    backend: Backend, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = backend.client(**FAST)
+    real_reap = client.reap_leases
+    failures = iter([RuntimeError("database went away"), RuntimeError("still away")])
+
+    def flaky_reap() -> int:
+        for exc in failures:
+            raise exc
+        return real_reap()
+
+    monkeypatch.setattr(client, "reap_leases", flaky_reap)
+    with caplog.at_level(logging.ERROR, logger="novaque"):
+        client.start()
+        waited(client._runtime_signals.wait("reap", 1, WAIT), "a reap pass after the failures")
+    assert client._runtime_signals.count("reap_errors") == 2
+    logged = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert [r.getMessage() for r in logged] == [
+        "maintenance job reap failed (retrying): RuntimeError: database went away",
+        "maintenance job reap failed (retrying): RuntimeError: still away",
+    ]
+    assert logged[0].exc_info is not None  # the first failure in a row has its traceback
+    # The other jobs did not wait for the failing one.
+    assert client._runtime_signals.count("flush") >= 1
+    client.shutdown()
+
+
+def test_several_clients_maintain_and_consume_at_once_without_double_counting(
+    backend: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Maintenance in many processes at once: here three clients, each with its
+    own engine (as separate processes would have), all reaping, purging and
+    flushing every 20 ms while their consumers share one channel."""
+    clients = [backend.client(**FAST) for _ in range(3)]
+    clients[0].ensure_channel("busy", "c")
+    ids = clients[0].publish_many("busy", [f"m{i}" for i in range(300)])
+    recorders = [Recorder() for _ in clients]
+    with caplog.at_level(logging.ERROR, logger="novaque"):
+        for client in clients:
+            client.start()
+        consumers = [
+            c.subscribe_and_start("busy", "c", r, max_in_flight=3, poll_interval=0.02)
+            for c, r in zip(clients, recorders, strict=True)
+        ]
+        waited(
+            consumers[0]._signals.wait_until(
+                lambda _: sum(c._signals.count("acked") for c in consumers) >= 300, WAIT
+            ),
+            "300 acks",
+        )
+        for client in clients:
+            client.shutdown()
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    handled = sorted(i for r in recorders for i in r.ids())
+    assert handled == sorted(ids)
+    assert rows(backend) == []
+    totals = counter_totals(backend)
+    assert (totals["published"], totals["claimed"], totals["acked"]) == (300, 300, 300)
+
+
+def test_with_client_starts_and_shuts_everything_down(backend: Backend) -> None:
+    client = backend.client(**FAST)
+    handler = Recorder()
+    with client as entered:
+        assert entered is client
+        thread = client._maintenance_thread
+        assert thread is not None
+        assert thread.is_alive()
+        consumer = client.subscribe_and_start("t", "c", handler, poll_interval=0.02)
+        client.publish("t", b"x")
+        waited(consumer._signals.wait("acked", 1, WAIT), "the ack")
+    assert not thread.is_alive()
+    assert not consumer.running
+    assert client._consumers == []
+    # The counters buffered by the consumer were flushed at shutdown.
+    assert counter_totals(backend)["acked"] == 1
+
+
+def test_shutdown_closes_the_connections_novaque_opened(backend: Backend, tmp_path: Any) -> None:
+    client = novaque.connect(backend.scratch_url(tmp_path))
+    client.migrate()
+    consumer = client.subscribe_and_start("t", "c", Recorder(), poll_interval=0.02)
+    client.publish("t", b"x")
+    waited(consumer._signals.wait("acked", 1, WAIT), "the ack")
+    client.shutdown()
+    for engine in {client.engine, client._dialect.engine}:
+        assert engine.pool.checkedout() == 0
+        assert engine.pool.checkedin() == 0  # type: ignore[attr-defined]
+    # Still usable afterwards: new connections are opened on demand.
+    assert client.list_topics() == ["t"]
+    client.shutdown()
+
+
+def test_an_applications_engine_is_left_open(backend: Backend) -> None:
+    engine = backend.engine()
+    client = novaque.Client(engine)
+    client.publish("t", b"x")
+    with engine.connect():
+        pass
+    client.shutdown()
+    assert engine.pool.checkedin() >= 1  # type: ignore[attr-defined]
+    if client._dialect.engine is not engine:  # novaque's own engine (SQLite) is closed
+        assert client._dialect.engine.pool.checkedin() == 0  # type: ignore[attr-defined]
+
+
+def test_shutdown_without_start_is_harmless(client: novaque.Client) -> None:
+    client.shutdown()
+    client.shutdown(timeout=0)
+    assert client._maintenance_thread is None
+
+
+def test_shutdown_keeps_stats_it_could_not_flush(
+    backend: Backend, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = backend.client()
+    client.ensure_channel("t", "c")
+    client.publish("t", b"x")
+    real_run = client._run
+    broken = threading.Event()
+    broken.set()
+
+    def run(fn: Any) -> Any:
+        if broken.is_set():
+            raise RuntimeError("database went away")
+        return real_run(fn)
+
+    monkeypatch.setattr(client, "_run", run)
+    with caplog.at_level(logging.ERROR, logger="novaque"):
+        client.shutdown()
+    assert "could not flush stats at shutdown" in caplog.text
+    broken.clear()
+    client.flush_stats()
+    assert counter_totals(backend)["published"] == 1
