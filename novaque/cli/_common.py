@@ -67,12 +67,8 @@ class Context:
         client, self._client = self._client, None
         if client is None:
             return
-        shutdown = getattr(client, "shutdown", None)
         try:
-            if shutdown is not None:
-                shutdown(timeout=10)
-            else:
-                client.flush_stats()
+            client.shutdown(timeout=10)  # stops consumers and loops, flushes counters
         except Exception:
             if self.debug:
                 raise

@@ -49,9 +49,7 @@ def run_admin(args: argparse.Namespace, context: Context) -> int:
         credentials = (args.user, password)
     client = context.client()
     client.list_topics()  # fail now, not on the first page view, if the schema is missing
-    start = getattr(client, "start", None)
-    if start is not None:
-        start()  # maintenance: reaper, TTL purge, stats flush
+    client.start()  # maintenance loops: lease reaper, TTL purge, stats flush
     app = create_app(client, prefix=args.prefix, basic_auth=credentials)
 
     def ready(base_url: str, server: str) -> None:

@@ -126,29 +126,6 @@ def make_handler(
     return handle
 
 
-def consume(
-    client: novaque.Client,
-    channel: str,
-    handler: Callable[[novaque.Message], None],
-    stop: threading.Event,
-) -> None:
-    """Claim and settle until ``stop``: ack on success, requeue with backoff, reject."""
-    while not stop.is_set():
-        batch = client.claim(TOPIC, channel, max_messages=10, lease=30)
-        if not batch:
-            stop.wait(0.2)
-            continue
-        for msg in batch:
-            try:
-                handler(msg)
-            except novaque.Reject as exc:
-                client.reject(msg, exc.reason)
-            except Exception as exc:
-                client.requeue(msg, error=exc)
-            else:
-                client.ack(msg)
-
-
 def run_demo(args: argparse.Namespace, context: Context) -> int:
     from novaque.admin import create_app
     from novaque.admin._serve import start_background
@@ -181,25 +158,13 @@ def run_demo(args: argparse.Namespace, context: Context) -> int:
             daemon=True,
         )
     ]
-    runtime: Any = client if hasattr(client, "subscribe_and_start") else None
-    if runtime is None:  # no consumer runtime in this version: a claim/ack loop per channel
-        workers += [
-            threading.Thread(
-                target=_guard(consume, stop),
-                args=(client, channel, handler, stop),
-                name=f"demo-{channel}",
-                daemon=True,
-            )
-            for channel, handler in handlers.items()
-        ]
     previous = _on_sigterm(stop)
     print(f"novaque demo on {context.shown_url}")
     print(f"admin UI: {server.base_url}/admin/", flush=True)
     print("publishing orders to 'orders' (channels: billing, shipping); Ctrl-C stops", flush=True)
-    if runtime is not None:
-        runtime.start()  # maintenance loops: reaper, purge, stats flush
-        for channel, handler in handlers.items():
-            runtime.subscribe_and_start(TOPIC, channel, handler, max_in_flight=4)
+    client.start()  # maintenance loops: lease reaper, TTL purge, stats flush
+    for channel, handler in handlers.items():
+        client.subscribe_and_start(TOPIC, channel, handler, max_in_flight=4)
     for worker in workers:
         worker.start()
     deadline = None if args.duration is None else time.monotonic() + args.duration
@@ -210,8 +175,6 @@ def run_demo(args: argparse.Namespace, context: Context) -> int:
             if deadline is not None and time.monotonic() >= deadline:
                 break
             stop.wait(0.5)
-            if runtime is None:
-                client.run_maintenance()
             if tty or time.monotonic() - last_line >= 2.0:
                 _progress(client, tally, tty)
                 last_line = time.monotonic()
@@ -221,12 +184,9 @@ def run_demo(args: argparse.Namespace, context: Context) -> int:
         stop.set()
         for worker in workers:
             worker.join(timeout=15)
-        if runtime is not None:
-            runtime.shutdown(timeout=10)  # finish running handlers, flush acks and counters
+        client.shutdown(timeout=10)  # finish running handlers, flush acks and counters
         server.stop()
         signal.signal(signal.SIGTERM, previous)
-    if runtime is None:
-        client.run_maintenance()  # the client's own loops flushed at shutdown otherwise
     _progress(client, tally, tty)
     if tty:
         print()
