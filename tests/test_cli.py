@@ -248,10 +248,9 @@ def test_dead_list_requeue_delete(db: Path) -> None:
     assert run("dead", "requeue", "orders", "billing", "x", cwd=db).returncode == 2
 
 
+@pytest.mark.parametrize("backend", ["postgres", "mysql"], indirect=True)  # SQLite: above
 def test_server_backends(backend: Backend) -> None:
     """One pass of the main commands on each server backend."""
-    if backend.name == "sqlite":
-        pytest.skip("SQLite is covered by the tests above")
     cwd = Path.cwd()
     url = backend.url
     ok(run("migrate", cwd=cwd, url=url))
