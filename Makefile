@@ -28,8 +28,8 @@ lint: $(STAMP) ## ruff and mypy --strict
 	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy
 
-demo: $(STAMP) ## publish and consume on the embedded SQLite default (./novaque.db)
-	$(BIN)/python -m novaque.demo
+demo: $(STAMP) ## live tour: admin UI over a stream of sample orders (SQLite ./novaque.db)
+	$(BIN)/novaque demo
 
 bench: $(STAMP) ## run the benchmarks against the raw-SQL floor
 	$(BIN)/python -m novaque.cli bench

@@ -1,0 +1,299 @@
+"""What the admin shows, read from the client and shaped as plain JSON-able dicts.
+
+Both the HTML pages and the JSON API are built from these functions, so the
+two always agree.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import asdict
+from datetime import date, datetime, timedelta, timezone
+from typing import Any
+
+from novaque.admin._http import HTTPError
+from novaque.client import Client
+from novaque.errors import ChannelNotFound, TopicNotFound
+from novaque.models import Backlog, Counters, DeadLetter, DeliveryInfo, MessageInfo
+
+#: Characters of a body shown in lists; the message page shows more.
+PREVIEW_BYTES = 200
+DETAIL_PREVIEW_BYTES = 16 * 1024
+PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
+
+_INT = re.compile(r"[0-9]{1,18}")
+
+
+def today(client: Client) -> date:
+    """Today's UTC date as the client sees it (its injected clock, if any)."""
+    clock = client.options.clock
+    moment = clock() if clock is not None else datetime.now(timezone.utc)
+    return moment.astimezone(timezone.utc).date()
+
+
+def retention_start(client: Client) -> date:
+    """The first day whose counters are still kept."""
+    return today(client) - timedelta(days=client.options.stats_retention_days - 1)
+
+
+# -- parsing request values ------------------------------------------------------------
+
+
+def parse_id(text: object, what: str = "id") -> int:
+    """A positive integer id from a path segment or JSON value, else 400."""
+    if isinstance(text, bool):
+        raise HTTPError(400, f"{what} must be a positive integer, got {text!r}")
+    if isinstance(text, int):
+        value = text
+    elif isinstance(text, str) and _INT.fullmatch(text):
+        value = int(text)
+    else:
+        shown = text if not isinstance(text, str) or len(text) <= 40 else text[:37] + "..."
+        raise HTTPError(400, f"{what} must be a positive integer, got {shown!r}")
+    if value < 1:
+        raise HTTPError(400, f"{what} must be a positive integer, got {value}")
+    return value
+
+
+def parse_ids(value: object) -> list[int]:
+    """A non-empty JSON list of delivery ids, else 400."""
+    if not isinstance(value, list) or not value:
+        raise HTTPError(400, "ids must be a non-empty list of positive integers")
+    return [parse_id(item, "each id") for item in value]
+
+
+def parse_limit(text: str | None, default: int = PAGE_SIZE) -> int:
+    if text in (None, ""):
+        return default
+    value = parse_id(text, "limit")
+    if value > MAX_PAGE_SIZE:
+        raise HTTPError(400, f"limit must be at most {MAX_PAGE_SIZE}, got {value}")
+    return value
+
+
+def parse_date(text: str | None, what: str) -> date | None:
+    """``YYYY-MM-DD`` (UTC day) or None when empty."""
+    if text in (None, ""):
+        return None
+    assert text is not None
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise HTTPError(400, f"{what} must be a date like 2024-05-31, got {text[:40]!r}") from None
+
+
+def parse_datetime(value: object, what: str) -> datetime | None:
+    """An ISO 8601 time (naive means UTC) or None when empty."""
+    if value in (None, ""):
+        return None
+    if not isinstance(value, str):
+        raise HTTPError(400, f"{what} must be an ISO 8601 time string, got {value!r}")
+    text = value.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise HTTPError(
+            400, f"{what} must be an ISO 8601 time like 2024-05-31T12:00, got {value[:40]!r}"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc)
+
+
+def parse_channels(value: object) -> list[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise HTTPError(400, "channels must be a list of channel names (or null for all)")
+    return list(value)
+
+
+# -- shaping results ---------------------------------------------------------------------
+
+
+def iso(moment: datetime | date | None) -> str | None:
+    return None if moment is None else moment.isoformat()
+
+
+def preview(body: bytes, limit: int = PREVIEW_BYTES) -> dict[str, Any]:
+    """The first ``limit`` bytes of a body as text (undecodable bytes escaped)."""
+    head = body[:limit]
+    text = head.decode("utf-8", errors="backslashreplace")
+    return {"body_preview": text, "body_len": len(body), "body_truncated": len(body) > limit}
+
+
+def counters(c: Counters) -> dict[str, int]:
+    return asdict(c)
+
+
+def backlog(b: Backlog) -> dict[str, int]:
+    return asdict(b)
+
+
+def count_of(result: object) -> int | None:
+    """How many things an operation touched, whatever shape it reports it in."""
+    if isinstance(result, bool) or result is None:
+        return None
+    if isinstance(result, int):
+        return result
+    if isinstance(result, Sequence) and not isinstance(result, (str, bytes)):
+        return len(result)
+    return None
+
+
+def channel_summary(client: Client, topic: str, channel: str, day: date) -> dict[str, Any]:
+    return {
+        "name": channel,
+        "backlog": backlog(client.channel_backlog(topic, channel)),
+        "today": counters(client.channel_counters(topic, channel, since=day, until=day)),
+    }
+
+
+def topic_summary(client: Client, topic: str, day: date) -> dict[str, Any]:
+    names = client.list_channels(topic)
+    channel_rows = [channel_summary(client, topic, name, day) for name in names]
+    total = {key: sum(row["today"][key] for row in channel_rows) for key in counters(Counters())}
+    return {"name": topic, "channels": channel_rows, "today": total}
+
+
+def overview(client: Client) -> dict[str, Any]:
+    """Every topic with its channels' backlog and today's counters."""
+    day = today(client)
+    result = []
+    for topic in client.list_topics():
+        try:
+            result.append(topic_summary(client, topic, day))
+        except (TopicNotFound, ChannelNotFound):
+            continue  # deleted while we were reading
+    return {"day": day.isoformat(), "topics": result}
+
+
+def channel_detail(client: Client, topic: str, channel: str) -> dict[str, Any]:
+    day = today(client)
+    start = retention_start(client)
+    return {
+        "topic": topic,
+        "channel": channel,
+        "day": day.isoformat(),
+        "backlog": backlog(client.channel_backlog(topic, channel)),
+        "today": counters(client.channel_counters(topic, channel, since=day, until=day)),
+        "window": {
+            "since": start.isoformat(),
+            "until": day.isoformat(),
+            "counters": counters(client.channel_counters(topic, channel, since=start, until=day)),
+        },
+    }
+
+
+def daily(
+    client: Client, topic: str, channel: str, since: date | None, until: date | None
+) -> dict[str, Any]:
+    since = since or retention_start(client)
+    until = until or today(client)
+    if since > until:
+        raise HTTPError(400, f"since ({since}) is after until ({until})")
+    rows = client.daily_counters(topic, channel, since=since, until=until)
+    return {
+        "topic": topic,
+        "channel": channel,
+        "since": since.isoformat(),
+        "until": until.isoformat(),
+        "days": [{"day": day.isoformat(), **counters(c)} for day, c in rows],
+    }
+
+
+def dead_letter(item: DeadLetter) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "delivery_id": item.delivery_id,
+        "message_id": item.message_id,
+        "attempts": item.attempts,
+        "reason": item.reason,
+        "last_error": item.last_error,
+        "published_at": iso(item.published_at),
+        "died_at": iso(item.died_at),
+    }
+    if item.body is not None:
+        row.update(preview(item.body))
+    row["body_len"] = item.body_len
+    return row
+
+
+def dead_page(
+    client: Client, topic: str, channel: str, *, limit: int, after_id: int | None
+) -> dict[str, Any]:
+    found = client.list_dead(topic, channel, limit=limit + 1, after_id=after_id, with_body=True)
+    items = [dead_letter(item) for item in found[:limit]]
+    more = len(found) > limit
+    return {
+        "topic": topic,
+        "channel": channel,
+        "items": items,
+        "next_after_id": items[-1]["delivery_id"] if more and items else None,
+    }
+
+
+def delivery(info: DeliveryInfo) -> dict[str, Any]:
+    return {
+        "channel": info.channel,
+        "state": info.state,
+        "attempts": info.attempts,
+        "last_error": info.last_error,
+        "visible_at": iso(info.visible_at),
+    }
+
+
+def message(info: MessageInfo, channel_names: list[str], limit: int) -> dict[str, Any]:
+    """A message with one state per channel of its topic (``acked`` when gone)."""
+    live = {d.channel: d for d in info.deliveries}
+    states = [delivery(live[name]) for name in sorted(live)]
+    for name in channel_names:
+        if name not in live:
+            states.append({"channel": name, "state": "acked", "attempts": None})
+    states.sort(key=lambda s: s["channel"])
+    return {
+        "id": info.id,
+        "topic": info.topic,
+        "headers": dict(info.headers),
+        "published_at": iso(info.published_at),
+        "expires_at": iso(info.expires_at),
+        **preview(info.body, limit),
+        "deliveries": states,
+    }
+
+
+def message_page(
+    client: Client,
+    topic: str,
+    *,
+    since: datetime | None,
+    until: datetime | None,
+    limit: int,
+    after_id: int | None,
+) -> dict[str, Any]:
+    names = client.list_channels(topic)
+    found = client.list_messages(
+        topic, since=since, until=until, limit=limit + 1, after_id=after_id
+    )
+    items = [message(info, names, PREVIEW_BYTES) for info in found[:limit]]
+    more = len(found) > limit
+    return {
+        "topic": topic,
+        "channels": names,
+        "since": iso(since),
+        "until": iso(until),
+        "items": items,
+        "next_after_id": items[-1]["id"] if more and items else None,
+    }
+
+
+def message_detail(client: Client, message_id: int) -> dict[str, Any]:
+    info = client.get_message(message_id)
+    try:
+        names = client.list_channels(info.topic)
+    except TopicNotFound:
+        names = []
+    return message(info, names, DETAIL_PREVIEW_BYTES)

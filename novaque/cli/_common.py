@@ -1,0 +1,146 @@
+"""What every command shares: the client, error lines and table printing."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+import sqlalchemy as sa
+
+from novaque.client import Client, connect
+from novaque.errors import NovaqueError
+
+__all__ = ["CommandError", "Context", "one_line", "parse_day", "print_table"]
+
+MAX_ERROR_CHARS = 500
+
+
+class CommandError(Exception):
+    """A user error the command reports as one line (exit status 1)."""
+
+
+@dataclass
+class Context:
+    """The global options and the client, created on first use."""
+
+    url: str
+    debug: bool = False
+    _client: Client | None = field(default=None, repr=False)
+
+    @property
+    def shown_url(self) -> str:
+        """The URL with any password hidden."""
+        try:
+            return sa.make_url(self.url).render_as_string(hide_password=True)
+        except sa.exc.ArgumentError:
+            return self.url
+
+    def client(self, *, create: bool = False, **options: Any) -> Client:
+        """A client on the URL; ``create`` allows making a new SQLite file."""
+        if self._client is None:
+            if not create:
+                self._require_existing_sqlite_file()
+            self._client = connect(self.url, **options)
+        return self._client
+
+    def _require_existing_sqlite_file(self) -> None:
+        try:
+            url = sa.make_url(self.url)
+        except sa.exc.ArgumentError:
+            return  # connect() reports it
+        if url.get_backend_name() != "sqlite":
+            return
+        database = url.database or ""
+        if database in ("", ":memory:") or database.startswith("file:"):
+            return
+        if not Path(database).exists():
+            raise CommandError(
+                f"database file {database} does not exist: run `novaque migrate` to create it "
+                "(or pass --url / set NOVAQUE_DATABASE_URL)"
+            )
+
+    def close(self) -> None:
+        client, self._client = self._client, None
+        if client is None:
+            return
+        try:
+            client.shutdown(timeout=10)  # stops consumers and loops, flushes counters
+        except Exception:
+            if self.debug:
+                raise
+        finally:
+            if client._dialect.engine is not client.engine:
+                client._dialect.engine.dispose()
+            client.engine.dispose()
+
+
+def one_line(exc: BaseException, context: Context) -> str:
+    """An error as one line a person can act on."""
+    if isinstance(exc, (NovaqueError, CommandError)):
+        text = str(exc)
+    elif isinstance(exc, sa.exc.NoSuchModuleError):
+        text = f"unsupported database URL {context.shown_url!r}: {exc}"
+    elif isinstance(exc, sa.exc.ArgumentError):
+        text = f"bad database URL {context.shown_url!r}: {exc}"
+    elif isinstance(exc, sa.exc.DBAPIError):
+        original = exc.orig if exc.orig is not None else exc
+        text = f"database error on {context.shown_url}: {original}"
+    elif isinstance(exc, ModuleNotFoundError):
+        text = f"{exc} (install the database driver, e.g. pip install 'novaque[postgres]')"
+    elif isinstance(exc, (OSError, ValueError, TypeError)):
+        text = str(exc) or type(exc).__name__
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    text = " ".join(text.split())
+    if len(text) > MAX_ERROR_CHARS:
+        text = text[: MAX_ERROR_CHARS - 3] + "..."
+    return text
+
+
+def parse_day(text: str) -> date:
+    """argparse type for ``YYYY-MM-DD``."""
+    import argparse
+
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a date like 2024-05-31, got {text!r}") from None
+
+
+def cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    return str(value)
+
+
+def print_table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    *,
+    numeric: Sequence[str] = (),
+    out: TextIO | None = None,
+) -> None:
+    """Print rows as an aligned text table (numbers right-aligned)."""
+    stream = out or sys.stdout
+    text_rows = [[cell(v) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in text_rows:
+        for i, value in enumerate(row):
+            widths[i] = max(widths[i], len(value))
+
+    def line(values: Sequence[str]) -> str:
+        parts = [
+            v.rjust(widths[i]) if headers[i] in numeric else v.ljust(widths[i])
+            for i, v in enumerate(values)
+        ]
+        return "  ".join(parts).rstrip()
+
+    print(line(list(headers)), file=stream)
+    for row in text_rows:
+        print(line(row), file=stream)

@@ -1,0 +1,62 @@
+"""``novaque topics`` and ``novaque channels TOPIC``: list, create and delete."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from novaque.cli._common import Context
+
+
+def register(commands: Any) -> None:
+    """Add the topology commands to the parser."""
+    topics = commands.add_parser(
+        "topics",
+        help="list topics (or create/delete one)",
+        description="List topic names, one a line. --create/--delete change one topic; "
+        "deleting a topic deletes its channels, messages and counters.",
+    )
+    change = topics.add_mutually_exclusive_group()
+    change.add_argument("--create", metavar="TOPIC", help="create TOPIC if missing")
+    change.add_argument("--delete", metavar="TOPIC", help="delete TOPIC and everything in it")
+    topics.set_defaults(run=run_topics)
+
+    channels = commands.add_parser(
+        "channels",
+        help="list the channels of a topic (or create/delete one)",
+        description="List the channel names of TOPIC, one a line. --create/--delete change "
+        "one channel; a new channel receives messages published from then on.",
+    )
+    channels.add_argument("topic", metavar="TOPIC")
+    change = channels.add_mutually_exclusive_group()
+    change.add_argument("--create", metavar="CHANNEL", help="create CHANNEL (and TOPIC)")
+    change.add_argument("--delete", metavar="CHANNEL", help="delete CHANNEL and its deliveries")
+    channels.set_defaults(run=run_channels)
+
+
+def run_topics(args: argparse.Namespace, context: Context) -> int:
+    client = context.client()
+    if args.create:
+        client.ensure_topic(args.create)
+        print(f"topic {args.create} is ready")
+    elif args.delete:
+        client.delete_topic(args.delete)
+        print(f"deleted topic {args.delete}")
+    else:
+        for name in client.list_topics():
+            print(name)
+    return 0
+
+
+def run_channels(args: argparse.Namespace, context: Context) -> int:
+    client = context.client()
+    if args.create:
+        client.ensure_channel(args.topic, args.create)
+        print(f"channel {args.topic}/{args.create} is ready")
+    elif args.delete:
+        client.delete_channel(args.topic, args.delete)
+        print(f"deleted channel {args.topic}/{args.delete}")
+    else:
+        for name in client.list_channels(args.topic):
+            print(name)
+    return 0

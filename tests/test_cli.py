@@ -1,0 +1,355 @@
+"""The ``novaque`` command line, run as a subprocess like a user would.
+
+Most cases run on SQLite; ``test_server_backends`` walks the main commands
+once on each server backend through ``backend.url``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import novaque
+from tests.conftest import Backend
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(
+    *args: str,
+    cwd: Path,
+    url: str | None = None,
+    stdin: bytes | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "novaque.cli", *(["--url", url] if url else []), *args]
+    full_env = {k: v for k, v in os.environ.items() if k != "NOVAQUE_DATABASE_URL"}
+    full_env.update(env or {})
+    return subprocess.run(
+        command,
+        cwd=cwd,
+        input=stdin.decode() if stdin is not None else None,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=full_env,
+        check=False,
+    )
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], status: int = 1) -> str:
+    assert result.returncode == status, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert lines[0].startswith("novaque: error: ")
+    return lines[0]
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    """A migrated SQLite database at the default location (./novaque.db)."""
+    ok(run("migrate", cwd=tmp_path))
+    return tmp_path
+
+
+def test_migrate_uses_the_default_sqlite_file(tmp_path: Path) -> None:
+    out = ok(run("migrate", cwd=tmp_path))
+    assert out.startswith("sqlite:///novaque.db: novaque schema at revision ")
+    assert (tmp_path / "novaque.db").is_file()
+    assert ok(run("migrate", cwd=tmp_path)) == out  # again: nothing to do
+
+
+def test_url_from_environment_and_downgrade(tmp_path: Path) -> None:
+    env = {"NOVAQUE_DATABASE_URL": f"sqlite:///{tmp_path / 'env.db'}"}
+    ok(run("migrate", cwd=tmp_path, env=env))
+    assert (tmp_path / "env.db").is_file()
+    assert not (tmp_path / "novaque.db").exists()
+    out = ok(run("downgrade", "--to", "base", cwd=tmp_path, env=env))
+    assert "revision base" in out
+    error = one_line_error(run("topics", cwd=tmp_path, env=env))
+    assert "run `novaque migrate`" in error
+
+
+def test_topics_and_channels(db: Path) -> None:
+    assert ok(run("topics", cwd=db)) == ""
+    assert ok(run("channels", "orders", "--create", "billing", cwd=db)) == (
+        "channel orders/billing is ready\n"
+    )
+    ok(run("channels", "orders", "--create", "shipping", cwd=db))
+    ok(run("topics", "--create", "audit", cwd=db))
+    assert ok(run("topics", cwd=db)) == "audit\norders\n"
+    assert ok(run("channels", "orders", cwd=db)) == "billing\nshipping\n"
+    ok(run("channels", "orders", "--delete", "shipping", cwd=db))
+    assert ok(run("channels", "orders", cwd=db)) == "billing\n"
+    ok(run("topics", "--delete", "orders", cwd=db))
+    assert ok(run("topics", cwd=db)) == "audit\n"
+
+
+def test_publish_body_and_stdin(db: Path) -> None:
+    ok(run("channels", "orders", "--create", "billing", cwd=db))
+    first = int(ok(run("publish", "orders", '{"id": 1}', "-H", "k=v", cwd=db)))
+    second = int(ok(run("publish", "orders", "-", cwd=db, stdin=b"from stdin\n")))
+    assert second > first
+    client = novaque.connect(f"sqlite:///{db / 'novaque.db'}")
+    try:
+        got = client.claim("orders", "billing", max_messages=5)
+        assert [(m.body, m.headers) for m in got] == [
+            (b'{"id": 1}', {"k": "v"}),
+            (b"from stdin\n", {}),
+        ]
+    finally:
+        client._dialect.engine.dispose()
+
+
+def test_bad_input_is_one_line(db: Path, tmp_path: Path) -> None:
+    assert "topic 'nope' does not exist" in one_line_error(run("channels", "nope", cwd=db))
+    assert "invalid topic name" in one_line_error(run("channels", "a b", cwd=db))
+    assert "delay" in one_line_error(run("publish", "t", "x", "--delay", "-5", cwd=db))
+
+
+def test_bad_url(tmp_path: Path) -> None:
+    error = one_line_error(run("topics", cwd=tmp_path, url="nosuchdb://x"))
+    assert "nosuchdb" in error
+    error = one_line_error(run("topics", cwd=tmp_path, url="not a url"))
+    assert "URL" in error
+    unreachable = "postgresql+psycopg://nobody:secret@127.0.0.1:1/none"
+    error = one_line_error(run("topics", cwd=tmp_path, url=unreachable))
+    assert "database error" in error
+    assert "secret" not in error
+
+
+def test_missing_or_unmigrated_database(tmp_path: Path) -> None:
+    error = one_line_error(run("topics", cwd=tmp_path))
+    assert "novaque.db does not exist" in error
+    assert not (tmp_path / "novaque.db").exists()  # a typo does not leave files behind
+    (tmp_path / "empty.db").touch()
+    error = one_line_error(run("topics", cwd=tmp_path, url="sqlite:///empty.db"))
+    assert "novaque's tables are missing" in error
+    assert "novaque migrate" in error
+
+
+def test_debug_shows_the_traceback(db: Path) -> None:
+    result = run("--debug", "channels", "nope", cwd=db)
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr
+    assert "TopicNotFound" in result.stderr
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    for args in (["nosuch"], [], ["downgrade"], ["dead", "list", "t"], ["stats", "--since", "x"]):
+        result = run(*args, cwd=tmp_path)
+        assert result.returncode == 2, args
+        assert "usage:" in result.stderr
+    assert run("topics", "--bogus", cwd=tmp_path).returncode == 2
+
+
+def test_version_and_help(tmp_path: Path) -> None:
+    assert ok(run("--version", cwd=tmp_path)).strip() == f"novaque {novaque.__version__}"
+    out = ok(run("--help", cwd=tmp_path))
+    for command in ("migrate", "downgrade", "topics", "channels", "stats", "dead", "publish"):
+        assert command in out
+    for command in ("admin", "demo", "bench"):
+        assert command in out
+
+
+def test_bench_outside_a_source_checkout(tmp_path: Path) -> None:
+    # Copy the package alone (no benchmarks/ beside it), as an installed wheel has it.
+    import shutil
+
+    shutil.copytree(ROOT / "novaque", tmp_path / "site" / "novaque")
+    result = subprocess.run(
+        [sys.executable, "-m", "novaque.cli", "bench"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    error = one_line_error(result)
+    assert "benchmarks run from a source checkout" in error
+
+
+@pytest.mark.skipif(
+    not (ROOT / "benchmarks" / "run.py").is_file(), reason="benchmarks/run.py not on this branch"
+)
+def test_bench_forwards_its_arguments(tmp_path: Path) -> None:
+    result = run("bench", "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "usage" in result.stdout.lower()
+
+
+def test_stats_table_and_json(db: Path) -> None:
+    ok(run("channels", "orders", "--create", "billing", cwd=db))
+    ok(run("channels", "orders", "--create", "shipping", cwd=db))
+    ok(run("publish", "orders", "x", cwd=db))
+    table = ok(run("stats", cwd=db)).splitlines()
+    assert table[0].startswith("backlog now; counters for UTC days ")
+    assert table[1].split()[:6] == ["TOPIC", "CHANNEL", "PENDING", "READY", "IN_FLIGHT", "DEAD"]
+    assert table[2].split()[:6] == ["orders", "billing", "0", "1", "0", "0"]
+    assert len(table) == 4
+    data = json.loads(ok(run("stats", "orders", "billing", "--json", cwd=db)))
+    (row,) = data["channels"]
+    assert row["backlog"] == {"pending": 0, "ready": 1, "in_flight": 0, "dead": 0}
+    assert row["counters"]["published"] == 1
+    assert "does not exist" in one_line_error(run("stats", "orders", "nope", cwd=db))
+    assert "does not exist" in one_line_error(run("stats", "nope", cwd=db))
+
+
+def test_dead_list_requeue_delete(db: Path) -> None:
+    url = f"sqlite:///{db / 'novaque.db'}"
+    client = novaque.connect(url)
+    try:
+        client.ensure_channel("orders", "billing")
+        client.publish_many("orders", ["a", "b", "c"])
+        ids = []
+        for _ in range(3):
+            (msg,) = client.claim("orders", "billing")
+            client.reject(msg, "bad\norder")
+            ids.append(msg.delivery_id)
+        client.flush_stats()
+    finally:
+        client._dialect.engine.dispose()
+    listing = ok(run("dead", "list", "orders", "billing", "--body", cwd=db)).splitlines()
+    assert listing[0].split() == [
+        "DELIVERY",
+        "MESSAGE",
+        "ATTEMPTS",
+        "DIED_AT",
+        "BYTES",
+        "REASON",
+        "LAST_ERROR",
+        "BODY",
+    ]
+    assert [int(line.split()[0]) for line in listing[1:]] == ids
+    assert "bad order" in listing[1]
+    out = ok(run("dead", "requeue", "orders", "billing", str(ids[0]), cwd=db))
+    assert out == "requeued 1 dead letters of orders/billing\n"
+    out = ok(run("dead", "delete", "orders", "billing", "--all", cwd=db))
+    assert out == "deleted 2 dead letters of orders/billing\n"
+    assert "no dead letters" in ok(run("dead", "list", "orders", "billing", cwd=db))
+    error = one_line_error(run("dead", "requeue", "orders", "billing", cwd=db))
+    assert "--all" in error
+    assert run("dead", "requeue", "orders", "billing", "x", cwd=db).returncode == 2
+
+
+@pytest.mark.parametrize("backend", ["postgres", "mysql"], indirect=True)  # SQLite: above
+def test_server_backends(backend: Backend) -> None:
+    """One pass of the main commands on each server backend."""
+    cwd = Path.cwd()
+    url = backend.url
+    ok(run("migrate", cwd=cwd, url=url))
+    ok(run("channels", "cli-orders", "--create", "billing", cwd=cwd, url=url))
+    assert ok(run("channels", "cli-orders", cwd=cwd, url=url)) == "billing\n"
+    message_id = int(ok(run("publish", "cli-orders", "x", cwd=cwd, url=url)))
+    assert message_id > 0
+    assert "cli-orders" in ok(run("topics", cwd=cwd, url=url)).split()
+    assert "does not exist" in one_line_error(run("channels", "nope", cwd=cwd, url=url))
+    assert "cli-orders" in ok(run("stats", "cli-orders", cwd=cwd, url=url))
+    assert "no dead letters" in ok(run("dead", "list", "cli-orders", "billing", cwd=cwd, url=url))
+
+
+def test_demo_runs_bounded_and_stops_cleanly(tmp_path: Path) -> None:
+    result = run(
+        "demo", "--duration", "2", "--port", "0", "--rate", "20", "--seed", "1", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "novaque demo on sqlite:///novaque.db"
+    assert re.fullmatch(r"admin UI: http://127\.0\.0\.1:\d+/admin/", lines[1])
+    assert any(line.startswith("published ") and "billing: ok" in line for line in lines)
+    assert lines[-1].startswith("stopped cleanly")
+    assert (tmp_path / "novaque.db").is_file()
+
+
+def test_demo_stops_on_ctrl_c(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "NOVAQUE_DATABASE_URL"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "novaque.cli", "demo", "--port", "0", "--rate", "50"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        seen = []
+        for line in process.stdout:  # wait until it publishes (bounded by the timeout below)
+            seen.append(line)
+            if line.startswith("published "):
+                break
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, err
+    assert "Traceback" not in err
+    assert out.rstrip().splitlines()[-1].startswith("stopped cleanly")
+    client = novaque.connect(f"sqlite:///{tmp_path / 'novaque.db'}")
+    try:
+        assert client.list_channels("orders") == ["billing", "shipping"]
+    finally:
+        client._dialect.engine.dispose()
+
+
+def test_admin_serves_until_interrupted(db: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "NOVAQUE_DATABASE_URL"}
+    env["NOVAQUE_ADMIN_PASSWORD"] = "pw"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "novaque.cli", "admin", "--port", "0", "--user", "ops"],
+        cwd=db,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        found = re.match(r"novaque admin \((wsgiref|waitress)\) on (http://\S+/admin/) ", line)
+        assert found is not None, line
+        url = found.group(2)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url, timeout=30)
+        assert refused.value.code == 401
+        refused.value.close()
+        request = urllib.request.Request(
+            url + "api/topics",
+            headers={"Authorization": "Basic b3BzOnB3"},  # ops:pw
+        )
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            assert json.loads(reply.read()) == {"topics": []}
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, err
+    assert "Traceback" not in err
+
+
+def test_admin_refuses_bad_options(db: Path) -> None:
+    error = one_line_error(run("admin", "--user", "ops", cwd=db))
+    assert "NOVAQUE_ADMIN_PASSWORD" in error
+    assert run("admin", "--port", "70000", cwd=db).returncode == 2
+    (db / "elsewhere").mkdir()
+    assert "does not exist" in one_line_error(run("admin", cwd=db / "elsewhere"))
