@@ -1,0 +1,91 @@
+"""Engines made by novaque.connect(): checked before use after idling, MySQL settings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from tests.conftest import Backend
+
+import novaque
+from novaque import _dialect
+
+
+@pytest.fixture
+def connected(backend: Backend) -> Iterator[novaque.Client]:
+    if backend.name == "sqlite":
+        pytest.skip("SQLite has no server connection to lose or configure")
+    client = novaque.connect(backend.url)
+    yield client
+    client.engine.dispose()
+
+
+def kill_other_sessions(backend: Backend) -> int:
+    """End every other server session on the test database; how many were ended."""
+    admin = sa.create_engine(backend.url, poolclass=sa.NullPool)
+    try:
+        with admin.begin() as conn:
+            if backend.name == "postgres":
+                return len(
+                    conn.exec_driver_sql(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    ).all()
+                )
+            ids = conn.exec_driver_sql(
+                "SELECT id FROM information_schema.processlist "
+                "WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+            ).all()
+            for (session,) in ids:
+                conn.exec_driver_sql(f"KILL {int(session)}")
+            return len(ids)
+    finally:
+        admin.dispose()
+
+
+def test_an_idle_pooled_connection_that_died_is_replaced_before_use(
+    backend: Backend, connected: novaque.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    connected.ensure_channel("t", "c")
+    connected.publish("t", b"before")
+    assert kill_other_sessions(backend) >= 1
+    monkeypatch.setattr(_dialect, "PING_IDLE_S", 0.0)  # every pooled connection counts as idle
+    connected.publish("t", b"after")  # would fail on the dead connection without the ping
+    assert [m.body for m in connected.claim("t", "c", max_messages=5)] == [b"before", b"after"]
+
+
+def test_a_connection_returned_with_an_open_transaction_is_rolled_back(
+    connected: novaque.Client,
+) -> None:
+    raw = connected.engine.raw_connection()
+    cursor = raw.cursor()
+    cursor.execute("INSERT INTO novaque_topics (name, created_at) VALUES ('uncommitted', 0)")
+    cursor.close()
+    raw.close()  # back to the pool without COMMIT
+    assert "uncommitted" not in connected.list_topics()
+    connected.ensure_topic("committed")
+    with connected.engine.connect() as conn:  # the same pooled connection, most likely
+        names = [r[0] for r in conn.exec_driver_sql("SELECT name FROM novaque_topics")]
+    assert names == ["committed"]
+
+
+def test_mysql_connections_run_read_committed_without_a_set_per_transaction(
+    backend: Backend, connected: novaque.Client
+) -> None:
+    if backend.name != "mysql":
+        pytest.skip("MySQL/MariaDB only")
+    with connected.engine.connect() as conn:
+        level = conn.get_isolation_level()  # asks the server (MySQL and MariaDB differ)
+    assert level == "READ COMMITTED"
+    sent: list[str] = []
+    sa.event.listen(
+        connected.engine,
+        "before_cursor_execute",
+        lambda conn, cursor, statement, *rest: sent.append(statement),
+    )
+    connected.ensure_channel("t", "c")
+    connected.publish("t", b"x")
+    connected.ack_many(connected.claim("t", "c"))
+    assert sent
+    assert not [s for s in sent if "ISOLATION" in s.upper()]
