@@ -104,8 +104,29 @@ class Database:
                 else:
                     for name in names:
                         conn.exec_driver_sql(f"DELETE FROM {name}")
-            if self.backend == "postgres":
-                with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        finally:
+            engine.dispose()
+
+    def analyze(self) -> None:
+        """Refresh the planner's statistics, as autovacuum does for a queue in steady state.
+
+        Called once the queues are filled: statistics taken on empty tables
+        would make PostgreSQL believe a 20,000-row backlog is a handful of
+        rows and plan a claim as a bitmap scan plus a sort of every ready row
+        (novaque's claim filters on attempts, which its index does not hold;
+        the floor's claim is all index conditions and keeps its index scan).
+        """
+        tables = ["novaque_deliveries", "novaque_messages", FLOOR_TABLE]
+        engine = sa.create_engine(self.url, poolclass=sa.NullPool)
+        try:
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                existing = set(sa.inspect(conn).get_table_names())
+                names = ", ".join(t for t in tables if t in existing)
+                if self.backend == "mysql":
+                    conn.exec_driver_sql(f"ANALYZE TABLE {names}")
+                elif self.backend == "postgres":
+                    conn.exec_driver_sql(f"ANALYZE {names}")
+                else:
                     conn.exec_driver_sql("ANALYZE")
         finally:
             engine.dispose()

@@ -381,6 +381,7 @@ class BackendRun:
 
                 def floor_run(dl: Deadline, procs: int = procs) -> Run:
                     self.floor.fill(s.w5_messages)
+                    self.db.analyze()
                     return pools[-1].run(
                         "floor", procs, self.backend, self.db.url, s, s.w5_messages, dl
                     )
@@ -392,6 +393,7 @@ class BackendRun:
                         nq.prefill(client, s.w5_messages)
                     finally:
                         nq.close_client(client)
+                    self.db.analyze()
                     return pools[-1].run(
                         "novaque", procs, self.backend, self.db.url, s, s.w5_messages, dl
                     )
@@ -566,6 +568,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=1.0,
         help="multiply every message count (default 1: the sizes in benchmarks/README.md)",
     )
+    parser.add_argument(
+        "--w5-messages",
+        type=int,
+        default=Sizes.w5_messages,
+        metavar="N",
+        help="messages W5 drains per run (default 10,000; BENCHMARKS.md says 40,000)",
+    )
     args = parser.parse_args(argv)
     wanted = [w.strip() for w in args.workloads.split(",") if w.strip()]
     known = {w.lower(): w for w in WORKLOADS}
@@ -583,13 +592,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--runs must be at least 1")
     if args.scale <= 0:
         parser.error("--scale must be positive")
+    if args.w5_messages < 1:
+        parser.error("--w5-messages must be at least 1")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmarks; 0 when every backend ran, 1 when one failed."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    sizes = Sizes().scaled(args.scale)
+    sizes = Sizes(w5_messages=args.w5_messages).scaled(args.scale)
     backends = list(BACKENDS) if args.backend == "all" else [args.backend]
     started = time.monotonic()
     plans = [

@@ -198,6 +198,7 @@ class GatedDrain:
         self.client.ensure_channel(topic, CHANNEL)
         if not prefilled:
             prefill(self.client, n, topic=topic)
+        db.analyze()
         self.consumer = start_consumer(self.client, self._handle, sizes, topic=topic)
 
     def _handle(self, msg: novaque.Message) -> None:
