@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
-from tests.conftest import Backend
 
 import novaque
 from novaque import _dialect
+from tests.conftest import Backend
 
 
 @pytest.fixture
