@@ -719,8 +719,10 @@ class _PostgresListener:
                     pass
         if sock in ready:
             # Read what arrived. A tiny timeout rather than 0, in case a
-            # psycopg version reads a falsy timeout as "wait forever".
-            topics = [n.payload for n in self._conn.notifies(timeout=0.001)]
+            # psycopg version reads a falsy timeout as "wait forever"; and
+            # stop_after, or psycopg waits out that timeout for more after the
+            # first batch (a millisecond added to every wake-up).
+            topics = [n.payload for n in self._conn.notifies(timeout=0.001, stop_after=1)]
             if topics:
                 self._checked = time.monotonic()
                 return topics
