@@ -114,11 +114,11 @@ def _rounded(d: dict[str, float]) -> dict[str, float]:
 class Progress:
     """A progress bar on stderr (one line per step when stderr is not a terminal)."""
 
-    def __init__(self, total: int, stream: TextIO = sys.stderr) -> None:
+    def __init__(self, total: int, stream: TextIO | None = None) -> None:
         self.total = max(1, total)
         self.done = 0
-        self.stream = stream
-        self.tty = stream.isatty()
+        self.stream = sys.stderr if stream is None else stream
+        self.tty = self.stream.isatty()
         self.started = time.monotonic()
 
     def step(self, label: str, advance: int = 1) -> None:

@@ -1,0 +1,99 @@
+"""The benchmark harness runs end to end on tiny sizes and writes sane JSON.
+
+No figure is checked against a speed: only that every workload ran, counted
+what it was asked to, and reported it in the shape the README describes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks import run
+from tests.conftest import Backend
+
+ENV = {"postgres": "NOVAQUE_BENCH_POSTGRES_URL", "mysql": "NOVAQUE_BENCH_MYSQL_URL"}
+
+
+def bench(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    out = tmp_path / "bench.json"
+    status = run.main([*args, "--runs", "1", "--scale", "0.005", "--json", str(out)])
+    return status, json.loads(out.read_text())
+
+
+def check_rows(report: dict[str, Any], backend: str, workloads: list[str]) -> None:
+    rows = {r["workload"]: r for r in report["results"]}
+    assert sorted(rows) == sorted(workloads)
+    for name, row in rows.items():
+        assert row["backend"] == backend
+        assert "error" not in row, row.get("error")
+        assert row["novaque_runs"], name
+        for side in ("novaque_runs", "floor_runs"):
+            for one in row[side]:
+                assert one["done"] == one["expected"] > 0, (name, side, one)
+                assert not one["partial"]
+        if name == "W3":
+            assert row["unit"] == "ms"
+            assert set(row["novaque"]) == {"p50_ms", "p95_ms", "p99_ms"}
+            assert row["novaque"]["p50_ms"] <= row["novaque"]["p99_ms"]
+        else:
+            assert row["unit"] == "msg/s"
+            assert row["novaque"] > 0
+            assert row["floor"] > 0
+            assert row["ratio"] > 0
+        if name in ("W2", "W4"):
+            assert row["novaque_runs"][0]["left_after"] == 0  # every message was acked
+            assert row["novaque_runs"][0]["consumer"] == "subscribe"
+    assert rows["W4"]["figure"].startswith("W4/W2 ")
+    assert rows["W6"]["figure"].startswith("W6/W1b ")
+
+
+def test_every_workload_on_sqlite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, report = bench(tmp_path, "--backend", "sqlite")
+    assert status == 0
+    workloads = ["W1a", "W1b", "W2", "W3", "W4", "W5 x1", "W5 x2", "W5 x4", "W6"]
+    check_rows(report, "sqlite", workloads)
+    assert report["machine"]["cores"] >= 1
+    assert report["runs"] == 1
+    assert report["backends"][0]["server"].startswith("SQLite")
+    rows = {r["workload"]: r for r in report["results"]}
+    assert [rows[f"W5 x{n}"]["novaque_runs"][0]["procs"] for n in (1, 2, 4)] == [1, 2, 4]
+    printed = capsys.readouterr()
+    assert "| workload | backend" in printed.out
+    for name in workloads:
+        assert f"| {name} " in printed.out
+    assert "done" in printed.err  # the progress bar ran to the end
+
+
+def test_the_servers_without_w5(
+    backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if backend.name == "sqlite":
+        pytest.skip("covered, with W5, by test_every_workload_on_sqlite")
+    assert backend.server_url is not None
+    monkeypatch.setenv(ENV[backend.name], backend.server_url)
+    status, report = bench(
+        tmp_path, "--backend", backend.name, "--workloads", "W1a,W1b,W2,W3,W4,W6"
+    )
+    assert status == 0
+    check_rows(report, backend.name, ["W1a", "W1b", "W2", "W3", "W4", "W6"])
+
+
+def test_a_workload_out_of_time_stops_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, report = bench(tmp_path, "--backend", "sqlite", "--workloads", "W2", "--timeout", "0")
+    assert status == 0
+    [row] = report["results"]
+    assert row["novaque_runs"] == []
+    assert any("limit" in note for note in row["notes"])
+
+
+def test_unknown_workloads_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        run.main(["--workloads", "W1a,W9"])
+    assert exit_info.value.code == 2
+    assert "unknown workload(s) W9" in capsys.readouterr().err
