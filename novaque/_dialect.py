@@ -1060,6 +1060,12 @@ class SQLiteDialect(Dialect):
         f"INSERT INTO {m.name} (topic_id, body, headers, published_at, expires_at, max_attempts) "
         "VALUES (?, ?, ?, ?, ?, ?)"
     )
+    _insert_message_returning = _insert_messages + " RETURNING id"
+    _fan_out_one = (
+        f"INSERT INTO {d.name} (message_id, channel_id, state, visible_at, attempts, "
+        f"max_attempts) SELECT ?, id, {STATE_READY}, ?, 0, ? FROM {channels.name} "
+        "WHERE topic_id = ? ORDER BY id RETURNING channel_id"
+    )
     _channel_ids = f"SELECT id FROM {channels.name} WHERE topic_id = ? ORDER BY id"
     _fan_out_range = (
         f"INSERT INTO {d.name} (message_id, channel_id, state, visible_at, attempts, "
@@ -1087,6 +1093,19 @@ class SQLiteDialect(Dialect):
         topic_id = fields["topic_id"]
         common = (fields["headers"], fields["published_at"], fields["expires_at"])
         max_attempts = fields["max_attempts"]
+        if len(bodies) == 1:
+            # One message: two statements, each returning what is needed.
+            message_id = int(
+                conn.exec_driver_sql(
+                    self._insert_message_returning, (topic_id, bodies[0], *common, max_attempts)
+                ).scalar_one()
+            )
+            counts: dict[int, int] = {}
+            for (cid,) in conn.exec_driver_sql(
+                self._fan_out_one, (message_id, visible, max_attempts, topic_id)
+            ):
+                counts[cid] = 1
+            return [message_id], counts
         conn.exec_driver_sql(
             self._insert_messages, [(topic_id, b, *common, max_attempts) for b in bodies]
         )
