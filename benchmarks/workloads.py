@@ -143,29 +143,6 @@ class Publisher:
         close_client(self.client)
 
 
-def fanout(db: Database, sizes: Sizes, deadline: Deadline) -> Run:
-    """W6: topic with ``w6_channels`` channels, ``publish_many`` in batches of ``batch``."""
-    total = sizes.w6_messages
-    pub = Publisher(db, sizes, channels=sizes.w6_channels)
-    try:
-        batches = [
-            [body(i) for i in range(s, min(total, s + sizes.batch))]
-            for s in range(0, total, sizes.batch)
-        ]
-        done = 0
-        started = time.perf_counter()
-        for chunk in batches:
-            if deadline.passed():
-                break
-            pub.batch(chunk)
-            done += len(chunk)
-        return Run(
-            done, total, time.perf_counter() - started, extra={"channels": sizes.w6_channels}
-        )
-    finally:
-        pub.close()
-
-
 # -- W2 / W4: draining ----------------------------------------------------------------
 
 
