@@ -52,23 +52,47 @@ def database(backend: str) -> Iterator[str]:
 
 
 class TripCounter:
+    """Round trips as the drivers send them.
+
+    Every statement; COMMIT and ROLLBACK unless the connection is in
+    autocommit (novaque runs one-statement work that way on PostgreSQL);
+    psycopg's BEGIN. On MySQL the ROLLBACKs are counted in PyMySQL itself,
+    since the pool may send one when a connection comes back.
+    """
+
     def __init__(self, engine: sa.Engine) -> None:
         self.count = 0
-        self.begins_are_trips = engine.dialect.name == "postgresql"
-        sa.event.listen(engine, "before_cursor_execute", self._statement)
-        sa.event.listen(engine, "commit", self._one)
-        sa.event.listen(engine, "rollback", self._one)
+        self.name = engine.dialect.name
+        sa.event.listen(engine, "before_cursor_execute", self._one)
+        sa.event.listen(engine, "commit", self._end)
         sa.event.listen(engine, "begin", self._begin)
+        if self.name == "mysql":
+            import pymysql.connections
 
-    def _statement(self, *args: Any) -> None:
-        self.count += 1
+            real = pymysql.connections.Connection.rollback
+
+            def rollback(conn: Any) -> None:
+                self.count += 1
+                real(conn)
+
+            pymysql.connections.Connection.rollback = rollback  # type: ignore[method-assign]
+        else:
+            sa.event.listen(engine, "rollback", self._end)
 
     def _one(self, *args: Any) -> None:
         self.count += 1
 
-    def _begin(self, *args: Any) -> None:
-        if self.begins_are_trips:
+    def _end(self, conn: sa.Connection) -> None:
+        if not _autocommit(conn):
             self.count += 1
+
+    def _begin(self, conn: sa.Connection) -> None:
+        if self.name == "postgresql" and not _autocommit(conn):
+            self.count += 1
+
+
+def _autocommit(conn: sa.Connection) -> bool:
+    return conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
 
 
 def measure(backend: str, batch: int, rounds: int = 20) -> float:

@@ -11,11 +11,12 @@ import novaque
 from novaque import _dialect
 from tests.conftest import Backend
 
+#: connect()'s server settings: SQLite has no server connection to lose or configure.
+SERVERS = pytest.mark.parametrize("backend", ["postgres", "mysql"], indirect=True)
+
 
 @pytest.fixture
 def connected(backend: Backend) -> Iterator[novaque.Client]:
-    if backend.name == "sqlite":
-        pytest.skip("SQLite has no server connection to lose or configure")
     client = novaque.connect(backend.url)
     yield client
     client.engine.dispose()
@@ -44,6 +45,7 @@ def kill_other_sessions(backend: Backend) -> int:
         admin.dispose()
 
 
+@SERVERS
 def test_an_idle_pooled_connection_that_died_is_replaced_before_use(
     backend: Backend, connected: novaque.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -55,6 +57,7 @@ def test_an_idle_pooled_connection_that_died_is_replaced_before_use(
     assert [m.body for m in connected.claim("t", "c", max_messages=5)] == [b"before", b"after"]
 
 
+@SERVERS
 def test_a_connection_returned_with_an_open_transaction_is_rolled_back(
     connected: novaque.Client,
 ) -> None:
@@ -70,11 +73,10 @@ def test_a_connection_returned_with_an_open_transaction_is_rolled_back(
     assert names == ["committed"]
 
 
+@pytest.mark.parametrize("backend", ["mysql"], indirect=True)
 def test_mysql_connections_run_read_committed_without_a_set_per_transaction(
     backend: Backend, connected: novaque.Client
 ) -> None:
-    if backend.name != "mysql":
-        pytest.skip("MySQL/MariaDB only")
     with connected.engine.connect() as conn:
         level = conn.get_isolation_level()  # asks the server (MySQL and MariaDB differ)
     assert level == "READ COMMITTED"
