@@ -516,7 +516,11 @@ def table(rows: list[Row]) -> str:
 
     out = [fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     out += [fmt(r) for r in lines]
-    notes = ["", "ratio = novaque / floor (medians). W3 columns are p50/p95/p99 latency."]
+    notes = [
+        "",
+        "ratio = novaque / floor (medians). W3 columns are p50/p95/p99 latency. "
+        "met is judged on unrounded figures (0.798 shows as 0.80 and is not >= 0.8).",
+    ]
     if any(r.floor_label for r in rows):
         notes.append(
             "* W6's floor publishes as in W1b (it has no fan-out), W4's floor drains without "
