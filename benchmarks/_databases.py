@@ -138,12 +138,19 @@ class Database:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             return
         assert self._admin is not None
-        with self._admin.connect() as conn:
-            if self.backend == "postgres":
-                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{self._name}" WITH (FORCE)')
-            else:
-                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{self._name}`")
-        self._admin.dispose()
+        quoted = f'"{self._name}" WITH (FORCE)' if self.backend == "postgres" else f"`{self._name}`"
+        try:
+            for attempt in range(5):
+                try:
+                    with self._admin.connect() as conn:
+                        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {quoted}")
+                    return
+                except sa.exc.OperationalError:
+                    if attempt == 4:
+                        raise
+                    time.sleep(0.5 + attempt * 0.5)
+        finally:
+            self._admin.dispose()
 
     def dbapi_connect(self) -> Any:
         """A raw driver connection (no SQLAlchemy around it), for the floor."""
