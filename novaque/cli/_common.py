@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -99,6 +100,17 @@ def one_line(exc: BaseException, context: Context) -> str:
     if len(text) > MAX_ERROR_CHARS:
         text = text[: MAX_ERROR_CHARS - 3] + "..."
     return text
+
+
+def port_number(text: str) -> int:
+    """argparse type of a TCP port (0 lets the system pick one)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}")
+    return value
 
 
 def parse_day(text: str) -> date:

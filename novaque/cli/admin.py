@@ -7,19 +7,9 @@ import os
 import sys
 from typing import Any
 
-from novaque.cli._common import Context
+from novaque.cli._common import Context, port_number
 
 PASSWORD_ENV = "NOVAQUE_ADMIN_PASSWORD"
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}")
-    return value
 
 
 def register(commands: Any) -> None:
@@ -32,7 +22,7 @@ def register(commands: Any) -> None:
         f"password from ${PASSWORD_ENV}. Stop with Ctrl-C.",
     )
     admin.add_argument("--host", default="127.0.0.1", help="address to listen on (%(default)s)")
-    admin.add_argument("--port", type=_port, default=8080, help="port (%(default)s; 0: any)")
+    admin.add_argument("--port", type=port_number, default=8080, help="port (%(default)s; 0: any)")
     admin.add_argument("--prefix", default="/admin", help="URL prefix (%(default)s)")
     admin.add_argument("--user", help=f"require basic auth as USER (password: ${PASSWORD_ENV})")
     admin.set_defaults(run=run_admin)

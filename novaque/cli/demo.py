@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any
 
 import novaque
-from novaque.cli._common import Context
+from novaque.cli._common import Context, port_number
 
 TOPIC = "orders"
 #: channel -> (chance that one attempt fails, chance that it is rejected, error text)
@@ -45,16 +45,6 @@ def _positive(text: str) -> float:
     return value
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}")
-    return value
-
-
 def register(commands: Any) -> None:
     """Add ``demo`` to the parser."""
     demo = commands.add_parser(
@@ -65,7 +55,9 @@ def register(commands: Any) -> None:
         "'billing' and 'shipping' with handlers that fail now and then. Ctrl-C stops.",
     )
     demo.add_argument("--host", default="127.0.0.1", help="admin address (%(default)s)")
-    demo.add_argument("--port", type=_port, default=8080, help="admin port (%(default)s; 0: any)")
+    demo.add_argument(
+        "--port", type=port_number, default=8080, help="admin port (%(default)s; 0: any)"
+    )
     demo.add_argument(
         "--rate", type=_positive, default=10.0, help="orders published per second (%(default)s)"
     )
