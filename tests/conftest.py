@@ -229,3 +229,26 @@ def clock() -> FakeClock:
 def client(backend: Backend, clock: FakeClock) -> novaque.Client:
     """A client on the backend with the fake clock (closed by ``backend``)."""
     return backend.client(clock=clock)
+
+
+def kill_other_sessions(backend: Backend) -> int:
+    """End every other server session on the test database; how many were ended."""
+    admin = sa.create_engine(backend.url, poolclass=sa.NullPool)
+    try:
+        with admin.begin() as conn:
+            if backend.name == "postgres":
+                return len(
+                    conn.exec_driver_sql(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    ).all()
+                )
+            ids = conn.exec_driver_sql(
+                "SELECT id FROM information_schema.processlist "
+                "WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+            ).all()
+            for (session,) in ids:
+                conn.exec_driver_sql(f"KILL {int(session)}")
+            return len(ids)
+    finally:
+        admin.dispose()

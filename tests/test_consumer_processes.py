@@ -6,7 +6,6 @@ awaited by polling them with a deadline, never by sleeping a fixed time.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -22,7 +21,7 @@ import sqlalchemy as sa
 
 import novaque
 from novaque.schema import deliveries
-from tests.conftest import Backend
+from tests.conftest import Backend, kill_other_sessions
 from tests.test_consumer import WAIT, Recorder, waited
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -166,34 +165,6 @@ def test_three_processes_compete_without_double_leasing(
     assert len([n for n in handled_by.values() if n]) >= 2, handled_by
 
 
-def _kill_connections(backend: Backend) -> int:
-    """Drop every connection to the test database but our own."""
-    engine = sa.create_engine(backend.url, poolclass=sa.NullPool)
-    try:
-        with engine.connect() as conn:
-            if backend.name == "postgres":
-                return len(
-                    conn.exec_driver_sql(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                    ).all()
-                )
-            ids = (
-                conn.exec_driver_sql(
-                    "SELECT id FROM information_schema.processlist "
-                    "WHERE db = DATABASE() AND id <> CONNECTION_ID()"
-                )
-                .scalars()
-                .all()
-            )
-            for connection_id in ids:
-                with contextlib.suppress(sa.exc.DBAPIError):  # it may have ended meanwhile
-                    conn.exec_driver_sql(f"KILL CONNECTION {int(connection_id)}")
-            return len(ids)
-    finally:
-        engine.dispose()
-
-
 def _restart_postgres() -> None:
     version = os.listdir("/etc/postgresql")[0]
     subprocess.run(
@@ -249,7 +220,7 @@ def test_consumer_resumes_after_its_connections_are_dropped(
     dropped = threading.Event()
 
     def disrupt() -> None:
-        assert _kill_connections(backend) >= 1
+        assert kill_other_sessions(backend) >= 1
         dropped.set()
 
     signals = _consume_through(backend, disrupt)

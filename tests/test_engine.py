@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 import novaque
 from novaque import _dialect
-from tests.conftest import Backend
+from tests.conftest import Backend, kill_other_sessions
 
 #: connect()'s server settings: SQLite has no server connection to lose or configure.
 SERVERS = pytest.mark.parametrize("backend", ["postgres", "mysql"], indirect=True)
@@ -20,29 +20,6 @@ def connected(backend: Backend) -> Iterator[novaque.Client]:
     client = novaque.connect(backend.url)
     yield client
     client.engine.dispose()
-
-
-def kill_other_sessions(backend: Backend) -> int:
-    """End every other server session on the test database; how many were ended."""
-    admin = sa.create_engine(backend.url, poolclass=sa.NullPool)
-    try:
-        with admin.begin() as conn:
-            if backend.name == "postgres":
-                return len(
-                    conn.exec_driver_sql(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                    ).all()
-                )
-            ids = conn.exec_driver_sql(
-                "SELECT id FROM information_schema.processlist "
-                "WHERE db = DATABASE() AND id <> CONNECTION_ID()"
-            ).all()
-            for (session,) in ids:
-                conn.exec_driver_sql(f"KILL {int(session)}")
-            return len(ids)
-    finally:
-        admin.dispose()
 
 
 @SERVERS
