@@ -55,6 +55,34 @@ DEAD_VISIBLE_AT = 2**62
 Name = sa.String(200).with_variant(
     mysql.VARCHAR(200, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
 )
+
+
+class ExactKey(sa.types.TypeDecorator[str]):
+    """A key of up to 200 characters that compares exactly on every backend.
+
+    MySQL/MariaDB store it as bytes (``VARBINARY``): their ``_bin`` collations
+    pad, so ``"a"`` and ``"a "`` would be one key. Elsewhere it is a string.
+    """
+
+    impl = sa.String(200)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: sa.Dialect) -> sa.types.TypeEngine[Any]:
+        if dialect.name in ("mysql", "mariadb"):
+            return dialect.type_descriptor(mysql.VARBINARY(800))
+        return dialect.type_descriptor(sa.String(200))
+
+    def process_bind_param(self, value: str | None, dialect: sa.Dialect) -> Any:
+        if value is not None and dialect.name in ("mysql", "mariadb"):
+            return value.encode("utf-8")
+        return value
+
+    def process_result_value(self, value: Any, dialect: sa.Dialect) -> str | None:
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return bytes(value).decode("utf-8")
+        return value  # type: ignore[no-any-return]
+
+
 # Bodies up to Options.max_body_bytes (1 MiB by default): BLOB is 64 KiB on MySQL.
 Body = sa.LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
 # SQLite only makes INTEGER PRIMARY KEY an alias of the rowid.
@@ -70,6 +98,9 @@ topics = sa.Table(
     sa.Column("name", Name, nullable=False),
     sa.Column("created_at", Micros, nullable=False),
     sa.UniqueConstraint("name"),
+    # Ids are never reused: a client holding a deleted topic's id must not
+    # reach the next topic created.
+    sqlite_autoincrement=True,
     **_mysql_table,
 )
 
@@ -85,6 +116,7 @@ channels = sa.Table(
     sa.Column("dead_max_age", Micros, nullable=True),  # microseconds
     sa.Column("dead_max_count", sa.Integer, nullable=True),
     sa.UniqueConstraint("topic_id", "name"),
+    sqlite_autoincrement=True,
     **_mysql_table,
 )
 
@@ -100,7 +132,7 @@ messages = sa.Table(
     sa.Column("published_at", Micros, nullable=False),
     sa.Column("expires_at", Micros, nullable=False),
     sa.Column("max_attempts", sa.Integer, nullable=False),
-    sa.Column("dedup_key", Name, nullable=True),
+    sa.Column("dedup_key", ExactKey(), nullable=True),
     sa.UniqueConstraint("topic_id", "dedup_key"),
     sa.Index(None, "topic_id", "published_at", "id"),
     sa.Index(None, "expires_at"),
