@@ -4,13 +4,15 @@ operator's calls on top of :class:`CoreClient`."""
 
 from __future__ import annotations
 
+import atexit
+import dataclasses
 import secrets
 import threading
 import time
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from datetime import timedelta
+from datetime import date, timedelta
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -41,6 +43,26 @@ from novaque.schema import (
 )
 
 __all__ = ["CoreClient"]
+
+#: Topics a publish without any channel was logged for (once per process).
+_warned_no_channel: set[str] = set()
+#: Clients that counted something: their counters are flushed at a clean exit.
+_unflushed: weakref.WeakSet[CoreClient] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    for client in list(_unflushed):
+        if not client._stats:
+            continue
+        try:
+            client.flush_stats()
+        except Exception as exc:
+            client.log.warning(
+                "novaque could not flush its counters at exit (they are lost): %s",
+                _validate.error_text(exc),
+            )
+
 
 T = TypeVar("T")
 
@@ -90,6 +112,14 @@ _renew = (
 )
 
 
+@dataclasses.dataclass
+class _Published:
+    ids: list[int]
+    fanout: Counter[int]
+    now: int
+    stored: int  # messages written (a repeated dedup key writes none)
+
+
 class CoreClient:
     """A handle on novaque's tables in the database behind ``engine``.
 
@@ -112,11 +142,14 @@ class CoreClient:
         self.log = self.options.logger
         self._dialect = _dialect.for_engine(engine)
         self._clock = Clock(self.options.clock)
-        self._stats = StatsBuffer()
+        self._stats = StatsBuffer(on_first=self._counters_added)
         self._schema_lock = threading.Lock()
         self._schema_ok = threading.Event()
         self._clock_sampled_at = 0.0
+        #: Topic ids learned in novaque's own committed transactions.
         self._topic_ids: dict[str, int] = {}
+        #: Engines of callers' connections whose schema was checked.
+        self._checked_engines: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
         self._channel_cache: dict[tuple[str, str], tuple[int, float]] = {}
         self._wake_lock = threading.Lock()
         self._wakers: dict[str, list[Callable[[], None]]] = {}
@@ -134,7 +167,7 @@ class CoreClient:
         Checks the database version floor first (:class:`UnsupportedDatabase`).
         Running it again is a no-op.
         """
-        with self._dialect.engine.begin() as conn:
+        with self._dialect.migration_transaction() as conn:
             self._dialect.check_floor(conn)
             with self._dialect.migration_lock(conn):
                 _migrate.upgrade(conn, to)
@@ -143,7 +176,7 @@ class CoreClient:
 
     def downgrade(self, to: str = "base") -> None:
         """Revert novaque's migrations down to ``to``; ``base`` drops every table."""
-        with self._dialect.engine.begin() as conn, self._dialect.migration_lock(conn):
+        with self._dialect.migration_transaction() as conn, self._dialect.migration_lock(conn):
             _migrate.downgrade(conn, to)
         self._schema_ok.clear()
         self._topic_ids.clear()
@@ -165,6 +198,10 @@ class CoreClient:
 
     def _now(self) -> int:
         return self._clock.now_us()
+
+    def _counters_added(self) -> None:
+        """Counters arrived in the empty buffer: they are flushed at exit at the latest."""
+        _unflushed.add(self)
 
     def _run(self, fn: Callable[[sa.Connection], T], *, op: str = "") -> T:
         """Run ``fn`` in one of novaque's transactions.
@@ -288,7 +325,7 @@ class CoreClient:
         if not data:
             return []
 
-        def write(conn: sa.Connection) -> tuple[list[int], Counter[int], int]:
+        def write(conn: sa.Connection, topic_id: int) -> _Published:
             now = self._now()
             rows = [
                 {
@@ -302,16 +339,32 @@ class CoreClient:
                 for body, key in zip(data, dedup_keys, strict=True)
             ]
             visible = now + int(delay_s * US)
-            ids, fanout = self._write_messages(conn, topic, rows, visible)
-            return ids, fanout, now
+            ids, fanout, stored = self._write_messages(conn, topic, topic_id, rows, visible)
+            return _Published(ids, fanout, now, stored)
 
         if session is not None:
             connection = session.connection()
         if connection is not None:
-            self._ready()
-            ids, fanout, now = write(connection)
-            _after_commit(connection, lambda: self._published(topic, fanout, now))
-            return ids
+            # The caller's transaction: the topic id is read in it (never
+            # taken from the cache, which may hold an id of another database
+            # or one deleted since), so it commits or rolls back with it.
+            if self._is_ours(connection):
+                self._ready()
+                done = write(connection, self._topic_id_in(connection, topic))
+                _after_commit(connection, lambda: self._published(topic, done))
+            else:
+                # Another database: its counters are written there, in the
+                # caller's transaction (this client's buffer is for its own).
+                self._ready_elsewhere(connection)
+                done = write(connection, self._topic_id_in(connection, topic))
+                if done.fanout:
+                    self._dialect.upsert_stats(
+                        connection,
+                        _stats_rows(
+                            {(c, day_of(done.now)): n for c, n in done.fanout.items()}, "published"
+                        ),
+                    )
+            return done.ids
         # One statement where the dialect can: the topic id is known, no dedup
         # keys, and the bodies fit one INSERT batch.
         one = (
@@ -320,28 +373,69 @@ class CoreClient:
             and len(data) <= INSERT_BATCH_ROWS
             and sum(map(len, data)) <= INSERT_BATCH_BYTES
         )
-        ids, fanout, now = self._run_publish(write, one)
-        self._published(topic, fanout, now)
-        return ids
+        done = self._run_publish(topic, write, one)
+        self._published(topic, done)
+        return done.ids
 
     def _run_publish(
-        self, write: Callable[[sa.Connection], tuple[list[int], Counter[int], int]], one: bool
-    ) -> tuple[list[int], Counter[int], int]:
-        op = "publish" if one else ""
+        self, topic: str, write: Callable[[sa.Connection, int], _Published], one: bool
+    ) -> _Published:
+        """Publish in novaque's own transaction; the topic id is cached once it committed."""
+        learned: list[int] = []
+
+        def work(conn: sa.Connection) -> _Published:
+            topic_id = self._topic_ids.get(topic)
+            if topic_id is None:
+                topic_id = self._topic_id_in(conn, topic)
+                learned.append(topic_id)
+            return write(conn, topic_id)
+
         try:
-            result: tuple[list[int], Counter[int], int] = self._run(write, op=op)
+            result = self._run(work, op="publish" if one else "")
         except sa.exc.IntegrityError:
-            # A cached topic id may belong to a topic deleted elsewhere: look it up again.
-            self._topic_ids.clear()
-            result = self._run(write)
+            # A cached topic id may belong to a topic deleted elsewhere (ids are
+            # never reused, so it cannot name another topic): look it up again.
+            if self._topic_ids.pop(topic, None) is None:
+                raise
+            result = self._run(work)
+        if learned:
+            self._topic_ids[topic] = learned[-1]
         return result
 
+    def _is_ours(self, conn: sa.Connection) -> bool:
+        """Whether a caller's connection is on this client's database."""
+        engine = conn.engine
+        return (
+            engine is self.engine
+            or engine is self._dialect.engine
+            or (engine.url == self.engine.url)
+        )
+
+    def _ready_elsewhere(self, conn: sa.Connection) -> None:
+        """The checks for a caller's connection to another database (once per engine)."""
+        if conn.engine in self._checked_engines:
+            return
+        if _dialect.class_for(conn) is not type(self._dialect):
+            raise InvalidOption(
+                f"this client works with {self._dialect.name}; the connection given to "
+                f"publish is to {conn.dialect.name}: use a client of that database"
+            )
+        # On a connection of its own: a failed query must not break the
+        # caller's transaction.
+        with conn.engine.connect() as probe:
+            _migrate.require_current(probe)
+        self._checked_engines.add(conn.engine)
+
     def _write_messages(
-        self, conn: sa.Connection, topic: str, rows: list[dict[str, Any]], visible: int
-    ) -> tuple[list[int], Counter[int]]:
-        """Insert messages and their deliveries; ids in order, deliveries per channel."""
-        topic_id = self._topic_id(conn, topic, create=True)
-        assert topic_id is not None
+        self,
+        conn: sa.Connection,
+        topic: str,
+        topic_id: int,
+        rows: list[dict[str, Any]],
+        visible: int,
+    ) -> tuple[list[int], Counter[int], int]:
+        """Insert messages and their deliveries: the ids in order, the deliveries per
+        channel, and how many messages were stored (a repeated dedup key stores none)."""
         for row in rows:
             row["topic_id"] = topic_id
         if all(row["dedup_key"] is None for row in rows):
@@ -354,7 +448,7 @@ class CoreClient:
                 )
                 new_ids += chunk_ids
                 counts.update(chunk_counts)
-            return new_ids, counts
+            return new_ids, counts, len(new_ids)
         ids: list[int | None] = [None] * len(rows)
         fresh: list[int] = []  # ids of the messages really inserted
         plain = [i for i, row in enumerate(rows) if row["dedup_key"] is None]
@@ -378,7 +472,7 @@ class CoreClient:
                     conn, topic, topic_id, fresh, visible, rows[0]["max_attempts"]
                 )
             )
-        return [int(i) for i in ids if i is not None], fanout
+        return [int(i) for i in ids if i is not None], fanout, len(fresh)
 
     def _insert_deduplicated(self, conn: sa.Connection, row: dict[str, Any]) -> tuple[int, bool]:
         # A locking read sees the latest committed row even when the caller's
@@ -399,11 +493,18 @@ class CoreClient:
             # The holder of the key was purged in between: try the insert again.
         raise RuntimeError(f"could not settle dedup_key {row['dedup_key']!r}")  # pragma: no cover
 
-    def _published(self, topic: str, fanout: Counter[int], now: int) -> None:
+    def _published(self, topic: str, done: _Published) -> None:
         """After a publish commits: count deliveries and wake local consumers."""
-        if fanout:
-            self._stats.add("published", day_of(now), fanout)
+        if done.fanout:
+            self._stats.add("published", day_of(done.now), done.fanout)
             self._wake(topic)
+        elif done.stored and topic not in _warned_no_channel:
+            _warned_no_channel.add(topic)
+            self.log.warning(
+                "topic %s has no channel: its messages are kept (browsable, replayable) "
+                "but delivered to nobody; declare channels with ensure_channel() at deploy",
+                topic,
+            )
 
     # -- local wake-ups (used by consumers) -----------------------------------------------
 
@@ -425,17 +526,14 @@ class CoreClient:
 
     # -- topology ---------------------------------------------------------------------
 
-    def _topic_id(self, conn: sa.Connection, topic: str, *, create: bool) -> int | None:
-        cached = self._topic_ids.get(topic)
-        if cached is not None:
-            return cached
-        found = conn.execute(_topic_id, {"p_topic": topic}).scalar_one_or_none()
-        if found is None and create:
-            self._dialect.insert_ignore(conn, topics, {"name": topic, "created_at": self._now()})
-            found = conn.execute(_topic_id, {"p_topic": topic}).scalar_one()
+    def _topic_id_in(self, conn: sa.Connection, topic: str) -> int:
+        """The id of ``topic`` as ``conn``'s transaction sees the latest commit,
+        creating the topic if it does not exist."""
+        lookup = self._dialect.read_latest(_topic_id)
+        found = conn.execute(lookup, {"p_topic": topic}).scalar_one_or_none()
         if found is None:
-            return None
-        self._topic_ids[topic] = int(found)
+            self._dialect.insert_ignore(conn, topics, {"name": topic, "created_at": self._now()})
+            found = conn.execute(lookup, {"p_topic": topic}).scalar_one()
         return int(found)
 
     def _existing_topic_id(self, conn: sa.Connection, topic: str) -> int:
@@ -473,7 +571,7 @@ class CoreClient:
     def ensure_topic(self, topic: str) -> None:
         """Create ``topic`` if it does not exist."""
         _validate.name(topic, "topic")
-        self._run(lambda conn: self._topic_id(conn, topic, create=True))
+        self._run(lambda conn: self._topic_id_in(conn, topic))
 
     def ensure_channel(
         self,
@@ -498,8 +596,7 @@ class CoreClient:
             check_int(dead_max_count, "dead_max_count", 0)
 
         def write(conn: sa.Connection) -> None:
-            self._topic_ids.pop(topic, None)
-            topic_id = self._topic_id(conn, topic, create=True)
+            topic_id = self._topic_id_in(conn, topic)
             self._dialect.insert_ignore(
                 conn,
                 channels,
@@ -922,6 +1019,9 @@ class CoreClient:
 
     def _purge_batch(self, conn: sa.Connection, tally: Tally, batch: int) -> int:
         now = self._now()
+        # Locked (skipping messages another purge or a replay holds), and the
+        # expiry checked on the latest committed row: a replay that has just
+        # extended a message's life keeps it, and its new delivery with it.
         ids = [
             int(r[0])
             for r in conn.execute(
@@ -929,6 +1029,7 @@ class CoreClient:
                 .where(messages.c.expires_at <= now)
                 .order_by(messages.c.expires_at, messages.c.id)
                 .limit(batch)
+                .with_for_update(skip_locked=True)
             )
         ]
         if not ids:
@@ -952,14 +1053,7 @@ class CoreClient:
         taken = self._stats.take()
         if not taken:
             return
-        rows = [
-            {
-                "channel_id": channel_id,
-                "day": day,
-                **dict(zip(COUNTER_COLUMNS, values, strict=True)),
-            }
-            for (channel_id, day), values in sorted(taken.items())
-        ]
+        rows = _stats_rows(taken)
 
         def write(conn: sa.Connection) -> None:
             alive = {
@@ -1013,6 +1107,23 @@ def _chunks(indexes: list[int], rows: list[dict[str, Any]]) -> Iterator[list[int
         yield chunk
 
 
+def _stats_rows(
+    deltas: dict[tuple[int, date], Any], only: str | None = None
+) -> list[dict[str, Any]]:
+    """Rows for :meth:`Dialect.upsert_stats`: ``deltas`` maps (channel, day) to the
+    counter values in :data:`COUNTER_COLUMNS` order, or, with ``only``, to the
+    count of that one counter."""
+    rows = []
+    for (channel_id, day), values in sorted(deltas.items()):
+        counts = (
+            dict(zip(COUNTER_COLUMNS, values, strict=True))
+            if only is None
+            else {c: values if c == only else 0 for c in COUNTER_COLUMNS}
+        )
+        rows.append({"channel_id": channel_id, "day": day, **counts})
+    return rows
+
+
 def _lost_text(msg: Message) -> str:
     return (
         f"lease of delivery {msg.delivery_id} (message {msg.id} on {msg.topic}/{msg.channel}) "
@@ -1023,30 +1134,49 @@ def _lost_text(msg: Message) -> str:
 # -- running code when the caller's transaction commits --------------------------------
 
 _pending_lock = threading.Lock()
-_pending: weakref.WeakKeyDictionary[sa.Connection, list[Callable[[], None]]] = (
-    weakref.WeakKeyDictionary()
-)
+#: Per connection: the callbacks waiting for its commit, each with the names of
+#: the savepoints open when it was registered.
+_pending: weakref.WeakKeyDictionary[
+    sa.Connection, list[tuple[frozenset[str], Callable[[], None]]]
+] = weakref.WeakKeyDictionary()
 
 
 def _after_commit(conn: sa.Connection, callback: Callable[[], None]) -> None:
-    """Run ``callback`` once the transaction of ``conn`` commits; drop it on rollback."""
+    """Run ``callback`` once the transaction of ``conn`` commits; drop it on a
+    rollback, and on the rollback of a savepoint that was open when it was added."""
+    inside = _open_savepoints(conn)
     with _pending_lock:
         queue = _pending.get(conn)
         if queue is None:
             queue = _pending[conn] = []
             sa.event.listen(conn, "commit", _run_pending)
             sa.event.listen(conn, "rollback", _drop_pending)
-        queue.append(callback)
+            sa.event.listen(conn, "rollback_savepoint", _drop_savepoint)
+        queue.append((inside, callback))
+
+
+def _open_savepoints(conn: sa.Connection) -> frozenset[str]:
+    names: set[str] = set()
+    nested: Any = conn.get_nested_transaction()
+    while nested is not None:
+        names.add(nested._savepoint)
+        nested = nested._previous_nested
+    return frozenset(names)
 
 
 def _run_pending(conn: sa.Connection) -> None:
     with _pending_lock:
         callbacks = _pending.get(conn, [])
         _pending[conn] = []
-    for callback in callbacks:
+    for _, callback in callbacks:
         callback()
 
 
 def _drop_pending(conn: sa.Connection) -> None:
     with _pending_lock:
         _pending[conn] = []
+
+
+def _drop_savepoint(conn: sa.Connection, name: str, context: object) -> None:
+    with _pending_lock:
+        _pending[conn] = [entry for entry in _pending.get(conn, []) if name not in entry[0]]

@@ -44,6 +44,7 @@ from novaque.schema import (
 )
 
 T = TypeVar("T")
+T_row = TypeVar("T_row", bound=tuple[Any, ...])
 
 d = deliveries
 m = messages
@@ -180,6 +181,12 @@ class Dialect:
         """The server clock in epoch microseconds, or None to use the local clock."""
         return None
 
+    @contextlib.contextmanager
+    def migration_transaction(self) -> Iterator[sa.Connection]:
+        """The transaction that :meth:`Client.migrate` and ``downgrade`` run in."""
+        with self.engine.begin() as conn:
+            yield conn
+
     # -- transactions -------------------------------------------------------------
 
     def is_retryable(self, exc: DBAPIError) -> bool:
@@ -289,6 +296,13 @@ class Dialect:
         poll). Raises if the server cannot be reached.
         """
         return None
+
+    def read_latest(self, stmt: sa.Select[T_row]) -> sa.Select[T_row]:
+        """``stmt`` made to see the latest committed rows in the caller's transaction.
+
+        A plain read does on PostgreSQL and SQLite (READ COMMITTED, one writer).
+        """
+        return stmt
 
     def insert_ignore(self, conn: sa.Connection, table: sa.Table, values: dict[str, Any]) -> None:
         """Insert a row unless it would break a unique constraint (then do nothing).
@@ -884,7 +898,21 @@ class MySQLDialect(Dialect):
         conn.execute(
             self._lease, {"p_ids": [r[0] for r in locked], "p_until": until, "p_token": token}
         )
-        rows = [ClaimedRow(r[0], r[1], r[2] + 1, r[3], bytes(r[4]), r[5], r[6]) for r in locked]
+        # The locking read returns the latest committed deliveries, but its
+        # subqueries read the statement's snapshot: a delivery committed just
+        # after it began comes with its message fields NULL. A new statement
+        # has a new snapshot (READ COMMITTED) that holds them.
+        late = sorted({int(r[1]) for r in locked if r[4] is None})
+        fields = {int(r[1]): (r[4], r[5], r[6]) for r in locked if r[4] is not None}
+        if late:
+            fields.update(
+                (int(r[0]), (r[1], r[2], r[3]))
+                for r in conn.execute(_message_fields, {"p_ids": late})
+            )
+        rows = [
+            ClaimedRow(r[0], r[1], r[2] + 1, r[3], bytes(fields[r[1]][0]), *fields[r[1]][1:])
+            for r in locked
+        ]
         rows.sort(key=lambda row: row.delivery_id)
         return rows
 
@@ -946,6 +974,11 @@ class MySQLDialect(Dialect):
         if held:
             conn.execute(self._delete_ids, {"p_ids": held})
         return set(held)
+
+    def read_latest(self, stmt: sa.Select[T_row]) -> sa.Select[T_row]:
+        # REPEATABLE READ (MySQL's default) reads an older snapshot; a locking
+        # read sees the latest commit, and keeps the row until ours ends.
+        return stmt.with_for_update(read=True)
 
     def insert_ignore(self, conn: sa.Connection, table: sa.Table, values: dict[str, Any]) -> None:
         # Not INSERT IGNORE: that would also swallow foreign key and data errors.
@@ -1016,6 +1049,28 @@ class SQLiteDialect(Dialect):
                 f"SQLite {_dotted(version)} is too old: novaque needs SQLite >= 3.35 "
                 "(for UPDATE ... RETURNING)"
             )
+
+    @contextlib.contextmanager
+    def migration_transaction(self) -> Iterator[sa.Connection]:
+        # Rebuilding a table (how SQLite alters most things) drops it, and
+        # dropping a parent table with foreign keys enforced deletes its
+        # children: migrations run with enforcement off (it can only be
+        # switched outside a transaction), and the result is checked before
+        # the commit.
+        with self.engine.connect() as conn:
+            raw: Any = conn.connection.dbapi_connection
+            raw.execute("PRAGMA foreign_keys = OFF")
+            try:
+                with conn.begin():
+                    yield conn
+                    broken = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
+                    if broken:
+                        raise RuntimeError(
+                            f"migration left {len(broken)} rows with a dangling foreign key "
+                            f"(first: {tuple(broken[0])}); rolled back"
+                        )
+            finally:
+                raw.execute("PRAGMA foreign_keys = ON")
 
     def is_retryable(self, exc: DBAPIError) -> bool:
         text = str(exc.orig).lower()

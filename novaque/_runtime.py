@@ -98,6 +98,11 @@ class RuntimeClient(CoreClient):
         self._maintenance_thread: threading.Thread | None = None
         self._maintenance_stop = threading.Event()
         self._listening: _Listening | None = None
+        # Counters of a client that runs no maintenance (a process that only
+        # publishes) are flushed by a thread of their own while there are any.
+        self._flusher_lock = threading.Lock()
+        self._flusher: threading.Thread | None = None
+        self._flusher_stop = threading.Event()
         #: Set by :func:`novaque.connect`: the engine is novaque's to dispose.
         self._owns_engine = False
         #: Maintenance passes and errors, by job name (``reap``, ``purge``,
@@ -328,6 +333,50 @@ class RuntimeClient(CoreClient):
             _Job("prune", seconds(o.stats_prune_interval, "prune"), self.prune_stats),
         ]
 
+    def _counters_added(self) -> None:
+        super()._counters_added()
+        with self._flusher_lock:
+            if self._maintenance_thread is not None or (
+                self._flusher is not None and self._flusher.is_alive()
+            ):
+                return
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name="novaque-stats-flush", daemon=True
+            )
+            self._flusher.start()
+
+    def _flush_loop(self) -> None:
+        """Flush every ``stats_flush_interval`` until nothing is left (or maintenance
+        took over); the next counter starts the loop again."""
+        interval = seconds(self.options.stats_flush_interval, "stats_flush_interval")
+        errors = RetryDelay()
+        wait = interval
+        while not self._flusher_stop.wait(wait):
+            try:
+                self.flush_stats()
+            except Exception as exc:
+                self.log.error(
+                    "could not flush stats (kept in memory, retrying): %s",
+                    _validate.error_text(exc),
+                    exc_info=exc if errors.failures == 0 else None,
+                )
+                wait = min(interval, errors.next())
+                continue
+            errors.reset()
+            wait = interval
+            with self._flusher_lock:
+                if not self._stats or self._maintenance_thread is not None:
+                    self._flusher = None
+                    return
+
+    def _stop_flusher(self, timeout: float) -> None:
+        with self._flusher_lock:
+            thread, self._flusher = self._flusher, None
+            self._flusher_stop.set()
+        if thread is not None:
+            thread.join(timeout)
+        self._flusher_stop.clear()
+
     def _reap_pass(self) -> int:
         self._ready()
         self._resample_clock()
@@ -390,6 +439,7 @@ class RuntimeClient(CoreClient):
             if thread.is_alive():
                 self.log.warning("novaque maintenance did not stop within the timeout")
         self._stop_listener(timeout=max(1.0, deadline - time.monotonic()))
+        self._stop_flusher(timeout=max(1.0, deadline - time.monotonic()))
         try:
             self.flush_stats()
         except Exception as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import date
 
 from novaque.schema import COUNTER_COLUMNS
@@ -20,17 +21,25 @@ Key = tuple[int, date]  # (channel_id, UTC day)
 
 
 class StatsBuffer:
-    def __init__(self) -> None:
+    """``on_first`` is called (outside the lock) whenever deltas arrive in an empty
+    buffer: the owner makes sure a flush will follow."""
+
+    def __init__(self, on_first: Callable[[], None] | None = None) -> None:
         self._lock = threading.Lock()
         self._deltas: defaultdict[Key, list[int]] = defaultdict(lambda: [0] * len(COUNTER_COLUMNS))
+        self._on_first = on_first
 
     def add(self, field: str, day: date, channel_ids: dict[int, int]) -> None:
         """Add ``channel_ids[channel] `` to ``field`` of each channel's bucket for ``day``."""
         index = FIELD_INDEX[field]
         with self._lock:
+            was_empty = not self._deltas
             for channel_id, count in channel_ids.items():
                 if count:
                     self._deltas[(channel_id, day)][index] += count
+            first = was_empty and bool(self._deltas)
+        if first and self._on_first is not None:
+            self._on_first()
 
     def take(self) -> dict[Key, list[int]]:
         with self._lock:
@@ -39,6 +48,8 @@ class StatsBuffer:
         return taken
 
     def give_back(self, taken: dict[Key, list[int]]) -> None:
+        # No ``on_first`` here: whoever failed to flush tries again (or the
+        # flush at exit does).
         with self._lock:
             for key, values in taken.items():
                 bucket = self._deltas[key]

@@ -291,7 +291,6 @@ class Consumer:
         first_idle = min(self.poll_interval, max(self.poll_interval / 16, 0.005))
         idle = first_idle
         errors = RetryDelay()
-        channel_id: int | None = None
         while True:
             self._wake.clear()
             if self._stop_claiming.is_set():
@@ -307,13 +306,13 @@ class Consumer:
                     self._wake.wait(1.0)
                 continue
             try:
-                if channel_id is None:
-                    channel_id = self._client._channel_id(self.topic, self.channel)
+                # Cached by the client, and looked up again after empty claims
+                # (a channel deleted and created again has a new id).
+                channel_id = self._client._channel_id(self.topic, self.channel)
                 lost, got = self._client._ack_and_claim(
                     [o.msg for o in acks], self.topic, self.channel, channel_id, free, self.lease
                 )
             except Exception as exc:
-                channel_id = None
                 self._give_back(acks)
                 self._signals.bump("claim_errors")
                 self._log_failure(errors, "claiming", exc)
