@@ -493,9 +493,9 @@ class CoreClient:
         _validate.name(channel, "channel")
         age_us = None
         if dead_max_age is not None:
-            age_us = int(seconds(dead_max_age, "dead_max_age", allow_zero=False) * US)
+            age_us = _validate.dead_max_age_us(dead_max_age)
         if dead_max_count is not None:
-            check_int(dead_max_count, "dead_max_count", 0)
+            _validate.dead_max_count(dead_max_count)
 
         def write(conn: sa.Connection) -> None:
             self._topic_ids.pop(topic, None)
