@@ -89,6 +89,16 @@ _requeue = (
         last_error=sa.bindparam("p_error"),
     )
 )
+# An explicit delay must leave the retry due before the message expires.
+_requeue_before_expiry = _requeue.where(
+    sa.select(messages.c.expires_at).where(messages.c.id == d.c.message_id).scalar_subquery()
+    > sa.bindparam("p_visible")
+)
+_expiry_if_leased = (
+    sa.select(messages.c.expires_at)
+    .join_from(d, messages, messages.c.id == d.c.message_id)
+    .where(d.c.id == sa.bindparam("p_id"), d.c.lease_token == sa.bindparam("p_token"))
+)
 _kill = (
     sa.update(d)
     .where(d.c.id == sa.bindparam("p_id"), d.c.lease_token == sa.bindparam("p_token"))
@@ -591,9 +601,9 @@ class CoreClient:
         _validate.name(channel, "channel")
         age_us = None
         if dead_max_age is not None:
-            age_us = int(seconds(dead_max_age, "dead_max_age", allow_zero=False) * US)
+            age_us = _validate.dead_max_age_us(dead_max_age)
         if dead_max_count is not None:
-            check_int(dead_max_count, "dead_max_count", 0)
+            _validate.dead_max_count(dead_max_count)
 
         def write(conn: sa.Connection) -> None:
             topic_id = self._topic_id_in(conn, topic)
@@ -830,18 +840,29 @@ class CoreClient:
 
         ``delay=None`` applies the client's backoff policy; ``delay=0`` retries
         at once. ``error`` (text or exception) is kept as the delivery's last
-        error. After the last allowed attempt the delivery becomes dead at once
-        (reason ``max_attempts``). Raises :class:`LeaseLost` if the lease is no
-        longer current.
+        error (at most 4000 characters; NUL and lone surrogates replaced by
+        U+FFFD). After the last allowed attempt the delivery becomes dead at
+        once (reason ``max_attempts``). Raises :class:`LeaseLost` if the lease
+        is no longer current.
+
+        A positive ``delay`` that would make the retry due only at or after
+        the message's expiry (its TTL) raises :class:`InvalidOption` and
+        changes nothing: the message would be purged before the retry. A delay
+        from the backoff policy (``delay=None``, as the consumer retries) is
+        not refused: if it reaches past the expiry, the delivery is purged at
+        TTL like any other still waiting then.
         """
         delay_s = (
             self.options.backoff.delay(msg.attempts)
             if delay is None
             else _validate.retry_delay(delay)
         )
-        self._retry(msg, delay_s, _validate.error_text(error))
+        explicit = delay is not None and delay_s > 0
+        self._retry(msg, delay_s, _validate.error_text(error), within_ttl=explicit)
 
-    def _retry(self, msg: Message, delay_s: float, error: str | None) -> None:
+    def _retry(
+        self, msg: Message, delay_s: float, error: str | None, *, within_ttl: bool = False
+    ) -> None:
         if msg.attempts >= msg.max_attempts:
             self._bury(msg, "max_attempts", error)
             return
@@ -849,7 +870,7 @@ class CoreClient:
         def write(conn: sa.Connection) -> tuple[int, int]:
             now = self._now()
             result = conn.execute(
-                _requeue,
+                _requeue_before_expiry if within_ttl else _requeue,
                 {
                     "p_id": msg.delivery_id,
                     "p_token": msg.lease_token,
@@ -861,14 +882,34 @@ class CoreClient:
 
         changed, now = self._run(write, op="settle")
         if not changed:
+            if within_ttl:
+                self._refuse_past_expiry(msg, delay_s)
             raise LeaseLost(_lost_text(msg))
         self._stats.add("requeued", day_of(now), {msg.channel_id: 1})
 
+    def _refuse_past_expiry(self, msg: Message, delay_s: float) -> None:
+        """After a requeue that changed nothing: InvalidOption if the lease is
+        still current (so the expiry refused the delay); else return."""
+
+        def read(conn: sa.Connection) -> tuple[int | None, int]:
+            params = {"p_id": msg.delivery_id, "p_token": msg.lease_token}
+            return conn.execute(_expiry_if_leased, params).scalar_one_or_none(), self._now()
+
+        expires, now = self._run(read)
+        if expires is not None:
+            raise InvalidOption(
+                f"delay is {delay_s:.15g} s but message {msg.id} expires at "
+                f"{from_us(int(expires)).isoformat()}, {(int(expires) - now) / US:.15g} s from "
+                "now: the retry would never run; the delay must end before the expiry"
+            )
+
     def reject(self, msg: Message, reason: str = "") -> None:
-        """Dead-letter ``msg`` at once; ``reason`` is kept (``"rejected"`` when empty)."""
-        if not isinstance(reason, str):
-            raise TypeError(f"reason must be a str, got {type(reason).__name__}")
-        self._bury(msg, reason[: _validate.MAX_ERROR_CHARS] or "rejected", None)
+        """Dead-letter ``msg`` at once; ``reason`` is kept (``"rejected"`` when empty).
+
+        At most 4000 characters of it, with NUL and lone surrogates replaced
+        by U+FFFD.
+        """
+        self._bury(msg, _validate.reason(reason), None)
 
     def _bury(self, msg: Message, reason: str, error: str | None) -> None:
         def write(conn: sa.Connection) -> tuple[int, int]:

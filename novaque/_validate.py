@@ -7,18 +7,42 @@ import re
 from collections.abc import Iterable, Mapping
 from datetime import date, datetime
 
+from novaque._time import US
 from novaque.errors import InvalidName, InvalidOption, MessageTooLarge
-from novaque.options import Duration, check_int, seconds
+from novaque.options import (
+    MAX_ATTEMPTS,
+    MAX_DELAY_S,
+    MAX_INT32,
+    MAX_TTL_S,
+    Duration,
+    check_int,
+    dead_max_age,
+    seconds,
+)
 
 _NAME = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 
-MAX_DELAY_S = 90 * 86_400.0
-MAX_TTL_S = 3650 * 86_400.0
 MAX_LEASE_S = 7 * 86_400.0
-MAX_ATTEMPTS = 1_000_000
-MAX_HEADERS_BYTES = 64 * 1024
+#: Headers as JSON, in UTF-8 bytes: what a TEXT column holds on every backend
+#: (MySQL/MariaDB TEXT: 65,535 bytes).
+MAX_HEADERS_BYTES = 65_535
 MAX_ERROR_CHARS = 4000
 MAX_DEDUP_KEY = 200
+#: Largest id (message, delivery, ``after_id``): a signed 64-bit BIGINT.
+MAX_ID = 2**63 - 1
+
+#: What no backend stores in text: NUL (PostgreSQL refuses it) and lone
+#: surrogates (not encodable as UTF-8, which every driver sends).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable(text: str) -> str:
+    """``text`` as every backend can store it: NUL and lone surrogates become U+FFFD.
+
+    For text novaque keeps but does not look up by (error texts, reasons,
+    headers): what a handler raised must never make a settle fail.
+    """
+    return _UNSTORABLE.sub("\ufffd", text)
 
 
 def name(value: object, kind: str) -> str:
@@ -38,7 +62,13 @@ def body(value: object, max_bytes: int) -> bytes:
     if isinstance(value, bytes):
         data = value
     elif isinstance(value, str):
-        data = value.encode("utf-8")
+        try:
+            data = value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidOption(
+                f"message body str holds {value[exc.start]!r} at index {exc.start}, which "
+                "UTF-8 cannot encode (a lone surrogate): pass bytes, or text without it"
+            ) from None
     else:
         raise TypeError(f"message body must be bytes or str, got {type(value).__name__}")
     if len(data) > max_bytes:
@@ -62,9 +92,14 @@ def headers(value: object) -> str | None:
             )
     if not value:
         return None
-    text = json.dumps(dict(value), ensure_ascii=False, separators=(",", ":"), sort_keys=True)
-    if len(text.encode("utf-8")) > MAX_HEADERS_BYTES:
-        raise InvalidOption(f"headers take {len(text)} characters as JSON; the limit is 64 KiB")
+    # Keys made equal by the replacement: the last in sorted order wins.
+    clean = {storable(key): storable(item) for key, item in sorted(value.items())}
+    text = json.dumps(clean, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    size = len(text.encode("utf-8"))
+    if size > MAX_HEADERS_BYTES:
+        raise InvalidOption(
+            f"headers take {size} bytes as JSON; the limit is {MAX_HEADERS_BYTES} bytes"
+        )
     return text
 
 
@@ -125,18 +160,44 @@ def dedup_key(value: object) -> str | None:
         raise TypeError(f"dedup_key must be a str, got {type(value).__name__}")
     if not 1 <= len(value) <= MAX_DEDUP_KEY:
         raise InvalidOption(f"dedup_key must be 1-200 characters, got {len(value)}")
+    # A key is looked up exactly: refuse what cannot be stored, never alter it.
+    bad = _UNSTORABLE.search(value)
+    if bad is not None:
+        raise InvalidOption(
+            f"dedup_key {value[:60]!r} holds {bad.group()!r} at index {bad.start()}: "
+            "a key may not contain NUL or lone surrogates (U+D800-U+DFFF)"
+        )
     return value
 
 
 def error_text(error: object) -> str | None:
-    """The text kept as a delivery's last error: ``Type: message`` for exceptions."""
+    """The text kept as a delivery's last error: ``Type: message`` for exceptions.
+
+    At most :data:`MAX_ERROR_CHARS` characters, made :func:`storable`; an
+    exception whose ``str()`` fails is kept by its type name.
+    """
     if error is None:
         return None
+    message = _str(error)
     if isinstance(error, BaseException):
-        text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        text = f"{type(error).__name__}: {message}" if message else type(error).__name__
     else:
-        text = str(error)
-    return text[:MAX_ERROR_CHARS]
+        text = message
+    return storable(text[:MAX_ERROR_CHARS])
+
+
+def reason(value: object) -> str:
+    """A dead letter's reason as stored: the text (``"rejected"`` when empty)."""
+    if not isinstance(value, str):
+        raise TypeError(f"reason must be a str, got {type(value).__name__}")
+    return storable(value[:MAX_ERROR_CHARS]) or "rejected"
+
+
+def _str(value: object) -> str:
+    try:
+        return str(value)
+    except Exception:
+        return f"<{type(value).__name__} whose str() failed>"
 
 
 MAX_PAGE = 1000
@@ -149,7 +210,7 @@ def page_limit(value: object) -> int:
 
 def after_id(value: object) -> int:
     """A keyset position (the last id of the previous page); 0 when None."""
-    return 0 if value is None else check_int(value, "after_id", 0)
+    return 0 if value is None else check_int(value, "after_id", 0, MAX_ID)
 
 
 def utc_day(value: object, name: str) -> date | None:
@@ -187,7 +248,7 @@ def ids(value: object, name: str = "ids") -> list[int]:
         raise InvalidOption(f"{name} must be a list of integer ids, got {type(value).__name__}")
     result: set[int] = set()
     for item in value:
-        result.add(check_int(item, f"each of {name}", 1))
+        result.add(check_int(item, f"each of {name}", 1, MAX_ID))
     return sorted(result)
 
 
@@ -199,5 +260,15 @@ def names(value: object, kind: str) -> list[str]:
 
 
 def message_id(value: object, name: str = "id") -> int:
-    """A message id: a positive integer."""
-    return check_int(value, name, 1)
+    """A message id: a positive integer of 64 bits."""
+    return check_int(value, name, 1, MAX_ID)
+
+
+def dead_max_age_us(value: Duration) -> int:
+    """A channel's dead-letter age bound, in microseconds as stored."""
+    return int(dead_max_age(value) * US)
+
+
+def dead_max_count(value: object, name: str = "dead_max_count") -> int:
+    """A bound on a channel's dead letters: 0 to the largest 32-bit INTEGER."""
+    return check_int(value, name, 0, MAX_INT32)

@@ -18,6 +18,10 @@ Idle, the claim loop polls with a delay that starts small and doubles up to
 ``poll_interval`` (each wait jittered by +-50 %). A publish in the same
 process, a PostgreSQL ``NOTIFY`` or a worker becoming free wakes it at once.
 Database errors are logged and retried with backoff; they never end a thread.
+A result the settler cannot write is given up (logged at ERROR) at the first
+error that trying again cannot cure, or after :data:`SETTLE_MAX_FAILURES`
+transient ones in a row: its lease is then no longer renewed, so the delivery
+is delivered again once the lease expires, instead of being held forever.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import sqlalchemy as sa
 
 from novaque import _validate
 from novaque._signals import Signals
@@ -53,6 +59,9 @@ CLAIM_LINGER_S = 0.002
 #: Bounds of the heartbeat's tick (seconds of real time): a quarter of the lease.
 HEARTBEAT_TICK_MIN_S = 0.05
 HEARTBEAT_TICK_MAX_S = 5.0
+#: Transient failures in a row after which the settler gives a result up
+#: (about two and a half minutes of retries at ERROR_DELAY_CAP_S).
+SETTLE_MAX_FAILURES = 30
 
 
 class RetryDelay:
@@ -84,6 +93,7 @@ class _Outcome:
     msg: Message
     text: str | None = None  # last error (retry) or reason (reject)
     delay: float = 0.0  # retry delay in seconds
+    failures: int = 0  # failed writes in a row
 
 
 _NEW, _RUNNING, _STOPPING, _STOPPED = "new", "running", "stopping", "stopped"
@@ -96,7 +106,12 @@ class Consumer:
     contract: return ⇒ ack; raise ⇒ retry after the backoff (the exception's
     ``Type: text`` is kept as the delivery's last error), or dead with reason
     ``max_attempts`` once attempts run out; raise :class:`novaque.Reject` ⇒
-    dead at once with its reason.
+    dead at once with its reason. Error texts and reasons are stored with NUL
+    and lone surrogates replaced by U+FFFD, so what a handler raised cannot
+    make the settle fail. A retry is due after the backoff even when that
+    reaches past the message's expiry: the delivery is then purged at TTL
+    like any other still waiting (the backoff is not cut short, and the
+    consumer raises nothing).
 
     Attributes ``topic``, ``channel``, ``max_in_flight``, ``lease`` (seconds),
     ``backoff`` and ``poll_interval`` (seconds) are the effective settings.
@@ -402,7 +417,8 @@ class Consumer:
             self._log.info(
                 "message %d rejected by the handler of %s/%s", msg.id, self.topic, self.channel
             )
-            return _Outcome("reject", msg, exc.reason)
+            reason = exc.reason
+            return _Outcome("reject", msg, reason if isinstance(reason, str) else str(reason))
         except BaseException as exc:
             text = _validate.error_text(exc)
             self._log.warning(
@@ -471,9 +487,7 @@ class Consumer:
         try:
             lost = self._client.ack_many([o.msg for o in acks])
         except Exception as exc:
-            self._signals.bump("settle_errors")
-            self._log.error("could not ack %d messages: %s", len(acks), _short(exc))
-            self._give_back(acks)
+            self._give_back(self._settle_failed(acks, exc))
             self._stop_claiming.wait(ERROR_DELAY_FIRST_S)
             return
         self._acked(acks, lost)
@@ -538,9 +552,7 @@ class Consumer:
             try:
                 lost = self._client.ack_many([o.msg for o in acks])
             except Exception as exc:
-                self._signals.bump("settle_errors")
-                self._log.error("could not ack %d messages: %s", len(acks), _short(exc))
-                failed.extend(acks)
+                failed.extend(self._settle_failed(acks, exc))
             else:
                 self._acked(acks, lost)
         for outcome in batch:
@@ -554,16 +566,63 @@ class Consumer:
             except LeaseLost:
                 self._lease_lost_on_settle(outcome)
             except Exception as exc:
-                self._signals.bump("settle_errors")
-                self._log.error(
-                    "could not %s message %d: %s", outcome.kind, outcome.msg.id, _short(exc)
-                )
-                failed.append(outcome)
+                failed.extend(self._settle_failed([outcome], exc))
             else:
                 self._settled(outcome.msg)
                 dead = outcome.kind == "reject" or outcome.msg.attempts >= outcome.msg.max_attempts
                 self._signals.bump("dead" if dead else "retried")
         return failed
+
+    def _settle_failed(self, outcomes: list[_Outcome], exc: Exception) -> list[_Outcome]:
+        """Book a failed write of ``outcomes`` (of one kind); return those to try again.
+
+        A transient error (see :func:`_transient`) is tried again, up to
+        :data:`SETTLE_MAX_FAILURES` times in a row; any other one would fail
+        the same way forever. A result given up is dropped from the held
+        leases, so the heartbeat stops renewing it and the delivery comes back
+        once its lease expires (its attempt stays counted).
+        """
+        self._signals.bump("settle_errors")
+        kind = outcomes[0].kind
+        retry: list[_Outcome] = []
+        given_up: list[_Outcome] = []
+        for outcome in outcomes:
+            outcome.failures += 1
+            if _transient(exc) and outcome.failures < SETTLE_MAX_FAILURES:
+                retry.append(outcome)
+            else:
+                given_up.append(outcome)
+        if retry:
+            self._log.error(
+                "could not %s %d message(s) of %s/%s (retrying): %s",
+                kind,
+                len(retry),
+                self.topic,
+                self.channel,
+                _short(exc),
+            )
+        if given_up:
+            self._log.error(
+                "could not %s message(s) %s of %s/%s, giving up after %d failure(s): %s; "
+                "their leases are no longer renewed and they will be delivered again once "
+                "the leases expire",
+                kind,
+                ", ".join(str(o.msg.id) for o in given_up[:10]),
+                self.topic,
+                self.channel,
+                max(o.failures for o in given_up),
+                _short(exc),
+                exc_info=exc,
+            )
+        for outcome in given_up:
+            self._give_up(outcome)
+        return retry
+
+    def _give_up(self, outcome: _Outcome) -> None:
+        with self._lock:
+            self._held.pop(_key(outcome.msg), None)
+            self._lost.discard(_key(outcome.msg))
+        self._signals.bump("settle_given_up")
 
     def _settled(self, msg: Message) -> None:
         with self._lock:
@@ -651,6 +710,17 @@ class Consumer:
 
 def _key(msg: Message) -> tuple[int, str]:
     return (msg.delivery_id, msg.lease_token)
+
+
+def _transient(exc: BaseException) -> bool:
+    """True for errors that writing the same thing again may cure: a lost
+    connection, a deadlock, a lock or pool timeout, a busy database. Not data
+    the database refuses, nor bugs."""
+    if isinstance(exc, sa.exc.DBAPIError):
+        return exc.connection_invalidated or isinstance(
+            exc, (sa.exc.OperationalError, sa.exc.InterfaceError)
+        )
+    return isinstance(exc, (sa.exc.DisconnectionError, sa.exc.TimeoutError, OSError))
 
 
 def _short(exc: BaseException) -> str:

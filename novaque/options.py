@@ -16,6 +16,22 @@ __all__ = ["Backoff", "Duration", "Options", "seconds"]
 #: A duration: a ``timedelta`` or a number of seconds.
 Duration = timedelta | float | int
 
+# Limits of the numbers that reach the database, so that a bad one raises
+# InvalidOption before any statement instead of a driver's overflow error.
+#: Largest delay of a message or a retry (Backoff too): 90 days.
+MAX_DELAY_S = 90 * 86_400.0
+#: Longest TTL, and the longest dead-letter age that can matter: 3650 days.
+MAX_TTL_S = 3650 * 86_400.0
+#: Largest attempt budget (an INTEGER column).
+MAX_ATTEMPTS = 1_000_000
+#: Largest value of a 32-bit INTEGER column (``dead_max_count``).
+MAX_INT32 = 2**31 - 1
+#: Largest maintenance batch: its ids go into one statement, and SQLite takes
+#: at most 32,766 bound parameters.
+MAX_BATCH = 10_000
+#: Longest stats retention (100 years; further back is before year 1 soon).
+MAX_RETENTION_DAYS = 36_500
+
 
 def seconds(value: Duration, name: str, *, allow_zero: bool = True) -> float:
     """Return ``value`` in seconds, or raise :class:`InvalidOption` naming ``name``."""
@@ -48,8 +64,13 @@ class Backoff:
     jitter: bool = True
 
     def __post_init__(self) -> None:
-        seconds(self.base, "Backoff.base")
-        seconds(self.cap, "Backoff.cap")
+        for name in ("base", "cap"):
+            value = seconds(getattr(self, name), f"Backoff.{name}")
+            if value > MAX_DELAY_S:
+                raise InvalidOption(
+                    f"Backoff.{name} is {value:.15g} s; the limit is {MAX_DELAY_S:.15g} s "
+                    "(90 days, the longest retry delay)"
+                )
 
     def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
         """Seconds to wait before retrying after failed attempt number ``attempt``."""
@@ -100,17 +121,17 @@ class Options:
         ):
             seconds(getattr(self, name), f"Options.{name}", allow_zero=False)
         if self.dead_max_age is not None:
-            seconds(self.dead_max_age, "Options.dead_max_age", allow_zero=False)
-        for name, low in (
-            ("default_max_attempts", 1),
-            ("max_in_flight", 1),
-            ("maintenance_batch", 1),
-            ("stats_retention_days", 1),
-            ("max_body_bytes", 0),
+            dead_max_age(self.dead_max_age, "Options.dead_max_age")
+        for name, low, high in (
+            ("default_max_attempts", 1, MAX_ATTEMPTS),
+            ("max_in_flight", 1, None),
+            ("maintenance_batch", 1, MAX_BATCH),
+            ("stats_retention_days", 1, MAX_RETENTION_DAYS),
+            ("max_body_bytes", 0, None),
         ):
-            check_int(getattr(self, name), f"Options.{name}", low)
+            check_int(getattr(self, name), f"Options.{name}", low, high)
         if self.dead_max_count is not None:
-            check_int(self.dead_max_count, "Options.dead_max_count", 0)
+            check_int(self.dead_max_count, "Options.dead_max_count", 0, MAX_INT32)
         if not isinstance(self.backoff, Backoff):
             raise InvalidOption(
                 f"Options.backoff must be a novaque.Backoff, got {type(self.backoff).__name__}"
@@ -125,5 +146,18 @@ def check_int(value: object, name: str, low: int, high: int | None = None) -> in
         raise InvalidOption(f"{name} must be an integer, got {type(value).__name__}")
     if value < low or (high is not None and value > high):
         allowed = f">= {low}" if high is None else f"between {low} and {high}"
-        raise InvalidOption(f"{name} must be {allowed}, got {value}")
+        # str() of an int of thousands of digits raises ValueError: name its size.
+        shown = str(value) if value.bit_length() <= 256 else f"a {value.bit_length()}-bit integer"
+        raise InvalidOption(f"{name} must be {allowed}, got {shown}")
     return value
+
+
+def dead_max_age(value: Duration, name: str = "dead_max_age") -> float:
+    """A dead-letter age bound in seconds: > 0 and at most the longest TTL."""
+    result = seconds(value, name, allow_zero=False)
+    if result > MAX_TTL_S:
+        raise InvalidOption(
+            f"{name} is {result:.15g} s; the limit is {MAX_TTL_S:.15g} s (3650 days, the "
+            "longest TTL: no dead letter lives longer)"
+        )
+    return result

@@ -503,3 +503,53 @@ def test_topic_api_shape(web: WSGIClient, client: novaque.Client) -> None:
     assert missing.status == 404
     assert missing.json() == {"error": "topic 'nope' does not exist", "status": 404}
     assert web.get("/admin/api/topics/a%20b").status == 400
+
+
+# -- bad input is 400, never 500 ---------------------------------------------------------------
+
+
+def test_deeply_nested_or_oversized_json_is_400(web: WSGIClient, client: novaque.Client) -> None:
+    client.ensure_channel("orders", "billing")
+    web.login()
+    base = "/admin/api/topics/orders/channels/billing/dead"
+    for raw in (
+        b"[" * 200_000,
+        b'{"ids": ' + b"[" * 200_000 + b"}",
+        b'{"ids": [' + b"9" * 5000 + b"]}",
+    ):
+        reply = web.request("POST", f"{base}/requeue", raw=raw)
+        assert reply.status == 400, raw[:20]
+        assert "request body is not valid JSON" in reply.json()["error"]
+    surrogate = web.request("POST", "/admin/api/topics/orders/publish", raw=b'{"body": "x\\ud800"}')
+    assert surrogate.status == 400
+    assert "UTF-8 cannot encode" in surrogate.json()["error"]
+
+
+def test_ids_beyond_64_bits_are_400(web: WSGIClient, client: novaque.Client) -> None:
+    client.ensure_channel("orders", "billing")
+    web.login()
+    base = "/admin/api/topics/orders/channels/billing/dead"
+    for ids in ([10**30], [2**63], [1, 2**63]):
+        for action in ("requeue", "delete"):
+            reply = web.post(f"{base}/{action}", {"ids": ids})
+            assert reply.status == 400, (action, ids)
+            assert "at most 9223372036854775807" in reply.json()["error"]
+    for bad in (str(2**63), str(10**30)):
+        assert web.get(f"/admin/api/messages/{bad}").status == 400
+        assert web.get(f"{base}?after_id={bad}").status == 400
+        assert web.get(f"/admin/api/topics/orders/messages?after_id={bad}").status == 400
+        assert web.post(f"/admin/api/messages/{bad}/replay").status == 400
+    # The largest id is well formed: there is just no such message.
+    assert web.get(f"/admin/api/messages/{2**63 - 1}").status == 404
+    assert web.post(f"{base}/delete", {"ids": [2**63 - 1]}).json() == {"deleted": 0}
+
+
+def test_headers_the_database_cannot_store_are_published_replaced(
+    web: WSGIClient, client: novaque.Client
+) -> None:
+    client.ensure_channel("orders", "billing")
+    web.login()
+    raw = b'{"body": "x", "headers": {"k\\u0000": "v\\udcff"}}'
+    reply = web.request("POST", "/admin/api/topics/orders/publish", raw=raw)
+    assert reply.status == 201
+    assert client.get_message(reply.json()["id"]).headers == {"k\ufffd": "v\ufffd"}

@@ -38,7 +38,9 @@ def test_get_message_shows_each_live_delivery(client: novaque.Client, clock: Fak
 
     with pytest.raises(novaque.MessageNotFound, match=f"message {mid + 1000} does not exist"):
         client.get_message(mid + 1000)
-    with pytest.raises(novaque.InvalidOption, match="id must be >= 1, got 0"):
+    with pytest.raises(
+        novaque.InvalidOption, match="id must be between 1 and 9223372036854775807, got 0"
+    ):
         client.get_message(0)
 
 

@@ -185,11 +185,15 @@ def test_dead_letter_arguments_are_checked(client: novaque.Client) -> None:
         client.list_dead("t", "a", limit=0)
     with pytest.raises(novaque.InvalidOption, match="limit must be between 1 and 1000, got 1001"):
         client.list_dead("t", "a", limit=1001)
-    with pytest.raises(novaque.InvalidOption, match="after_id must be >= 0, got -1"):
+    with pytest.raises(
+        novaque.InvalidOption, match="after_id must be between 0 and 9223372036854775807, got -1"
+    ):
         client.list_dead("t", "a", after_id=-1)
     with pytest.raises(novaque.InvalidOption, match="ids must be a list of integer ids"):
         client.requeue_dead("t", "a", "12")  # type: ignore[arg-type]
-    with pytest.raises(novaque.InvalidOption, match="each of ids must be >= 1, got 0"):
+    with pytest.raises(
+        novaque.InvalidOption, match="each of ids must be between 1 and 9223372036854775807, got 0"
+    ):
         client.delete_dead("t", "a", [0])
     with pytest.raises(novaque.InvalidOption, match="must be an integer, got str"):
         client.delete_dead("t", "a", ["7"])  # type: ignore[list-item]

@@ -117,10 +117,15 @@ def test_bad_claim_and_settle_arguments(client: novaque.Client) -> None:
     [
         ({"default_lease": 0}, "Options.default_lease must be > 0"),
         ({"max_in_flight": 0}, "Options.max_in_flight must be >= 1"),
-        ({"default_max_attempts": 0}, "Options.default_max_attempts must be >= 1"),
+        ({"default_max_attempts": 0}, "Options.default_max_attempts must be between 1"),
         ({"poll_interval": -1}, "Options.poll_interval"),
         ({"backoff": 5}, "must be a novaque.Backoff"),
-        ({"dead_max_count": -1}, "Options.dead_max_count must be >= 0"),
+        ({"dead_max_count": -1}, "Options.dead_max_count must be between 0"),
+        ({"dead_max_count": 2**40}, "between 0 and 2147483647, got 1099511627776"),
+        ({"default_max_attempts": 2**40}, "between 1 and 1000000, got 1099511627776"),
+        ({"maintenance_batch": 10**6}, "between 1 and 10000, got 1000000"),
+        ({"stats_retention_days": 10**9}, "between 1 and 36500, got 1000000000"),
+        ({"dead_max_age": timedelta(days=4000)}, "the limit is 315360000 s"),
     ],
 )
 def test_bad_options(fields: dict[str, object], pattern: str) -> None:
@@ -131,6 +136,98 @@ def test_bad_options(fields: dict[str, object], pattern: str) -> None:
 def test_backoff_validates_its_durations() -> None:
     with pytest.raises(novaque.InvalidOption, match="Backoff.base must be >= 0"):
         novaque.Backoff(base=-1)
+    # A retry is due at most 90 days away: a larger backoff would overflow visible_at.
+    with pytest.raises(
+        novaque.InvalidOption, match="Backoff.cap is 1000000000000 s; the limit is 7776000"
+    ):
+        novaque.Backoff(cap=1e12)
+    with pytest.raises(novaque.InvalidOption, match="Backoff.base is"):
+        novaque.Backoff(base=timedelta(days=91))
+
+
+# -- numbers and text the driver would refuse: InvalidOption, before any statement ----------
+
+MAX_ID = 2**63 - 1
+ID_LIMIT = "between 1 and 9223372036854775807"
+
+
+def test_headers_up_to_what_every_backend_stores(backend: Backend, client: novaque.Client) -> None:
+    # {"k":"..."} is 8 bytes of JSON around the value; MySQL/MariaDB TEXT holds 65,535.
+    largest = {"k": "v" * (65_535 - 8)}
+    message_id = client.publish("t", b"x", headers=largest)
+    assert client.get_message(message_id).headers == largest
+    with pytest.raises(novaque.InvalidOption, match="65536 bytes as JSON; the limit is 65535"):
+        client.publish("t", b"x", headers={"k": "v" * (65_536 - 8)})
+    with pytest.raises(novaque.InvalidOption, match="65537 bytes"):  # é is 2 bytes
+        client.publish_many("t", [b"x"], headers={"k": "é" + "v" * (65_535 - 8)})
+    assert table_counts(backend) == (1, 1)
+
+
+@pytest.mark.parametrize("key", ["nul\x00key", "surrogate\udcffkey"])
+def test_a_dedup_key_the_database_cannot_store_is_refused(
+    backend: Backend, client: novaque.Client, key: str
+) -> None:
+    with pytest.raises(novaque.InvalidOption, match="may not contain NUL or lone surrogates"):
+        client.publish("t", b"x", dedup_key=key)
+    with pytest.raises(novaque.InvalidOption, match="at index"):
+        client.publish_many("t", [b"x", b"y"], dedup_keys=["fine", key])
+    assert table_counts(backend) == (0, 0)
+
+
+@pytest.mark.parametrize("bad", [2**63, 10**30, 10**5000], ids=["2**63", "10**30", "10**5000"])
+def test_ids_beyond_64_bits_are_refused(backend: Backend, client: novaque.Client, bad: int) -> None:
+    client.ensure_channel("t", "c")
+    client.publish("t", b"x")
+    for call in (
+        lambda: client.get_message(bad),
+        lambda: client.replay(bad),
+        lambda: client.requeue_dead("t", "c", [1, bad]),
+        lambda: client.delete_dead("t", "c", [bad]),
+    ):
+        with pytest.raises(novaque.InvalidOption, match=ID_LIMIT):
+            call()
+    for call in (
+        lambda: client.list_dead("t", "c", after_id=bad),
+        lambda: client.list_messages("t", after_id=bad),
+    ):
+        with pytest.raises(novaque.InvalidOption, match="after_id must be between 0 and"):
+            call()
+    assert table_counts(backend) == (1, 1)
+
+
+def test_ids_at_the_64_bit_limit_and_below_one(client: novaque.Client) -> None:
+    client.ensure_channel("t", "c")
+    client.publish("t", b"x")
+    # The largest id reaches the database, which simply has no such row.
+    with pytest.raises(novaque.MessageNotFound):
+        client.get_message(MAX_ID)
+    with pytest.raises(novaque.MessageNotFound):
+        client.replay(MAX_ID)
+    assert client.list_dead("t", "c", after_id=MAX_ID) == []
+    assert client.list_messages("t", after_id=MAX_ID) == []
+    assert client.requeue_dead("t", "c", [MAX_ID]) == 0
+    assert client.delete_dead("t", "c", [MAX_ID]) == 0
+    for bad in (0, -1):
+        with pytest.raises(novaque.InvalidOption, match=ID_LIMIT):
+            client.get_message(bad)
+        with pytest.raises(novaque.InvalidOption, match=ID_LIMIT):
+            client.replay(bad)
+        with pytest.raises(novaque.InvalidOption, match=ID_LIMIT):
+            client.delete_dead("t", "c", [bad])
+    with pytest.raises(novaque.InvalidOption, match="after_id must be between 0"):
+        client.list_messages("t", after_id=-1)
+
+
+def test_channel_bounds_beyond_their_columns_are_refused(
+    backend: Backend, client: novaque.Client
+) -> None:
+    with pytest.raises(novaque.InvalidOption, match="between 0 and 2147483647, got 1099511627776"):
+        client.ensure_channel("t", "c", dead_max_count=2**40)
+    with pytest.raises(novaque.InvalidOption, match="dead_max_age is .* the limit is 315360000 s"):
+        client.ensure_channel("t", "c", dead_max_age=1e18)
+    assert table_counts(backend) == (0, 0)
+    client.ensure_channel("t", "c", dead_max_count=2**31 - 1, dead_max_age=timedelta(days=3650))
+    assert client.list_channels("t") == ["c"]
 
 
 def test_a_naive_clock_is_refused(backend: Backend) -> None:

@@ -12,6 +12,7 @@ from dataclasses import asdict
 from datetime import date, datetime, timedelta, timezone
 from typing import Any
 
+from novaque._validate import MAX_ID
 from novaque.admin._http import HTTPError
 from novaque.client import Client
 from novaque.errors import ChannelNotFound, TopicNotFound
@@ -23,7 +24,7 @@ DETAIL_PREVIEW_BYTES = 16 * 1024
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 
-_INT = re.compile(r"[0-9]{1,18}")
+_INT = re.compile(r"[0-9]{1,19}")
 
 
 def today(client: Client) -> date:
@@ -54,6 +55,12 @@ def parse_id(text: object, what: str = "id") -> int:
         raise HTTPError(400, f"{what} must be a positive integer, got {shown!r}")
     if value < 1:
         raise HTTPError(400, f"{what} must be a positive integer, got {value}")
+    if value > MAX_ID:  # JSON has already refused integers of over 4300 digits
+        raise HTTPError(
+            400,
+            f"{what} must be a positive integer of at most {MAX_ID} (64 bits), "
+            f"got one of {len(str(value))} digits",
+        )
     return value
 
 

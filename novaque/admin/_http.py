@@ -137,7 +137,9 @@ class Request:
             return {}
         try:
             data = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except RecursionError:
+            raise HTTPError(400, "request body is not valid JSON: nested too deeply") from None
+        except ValueError as exc:  # bad JSON or UTF-8, or an integer of too many digits
             raise HTTPError(400, f"request body is not valid JSON: {exc}") from None
         if not isinstance(data, dict):
             raise HTTPError(400, "request body must be a JSON object")
