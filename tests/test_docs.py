@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+import novaque
 from tests.conftest import Backend
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,23 +32,37 @@ def marker(block: str) -> str:
     return first[2:].strip() if first.startswith("# ") and ":" in first else ""
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/guide.md"])
-def test_sqlite_examples_run(doc: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
+def run_sqlite_examples(doc: str, run: int) -> None:
     namespace: dict[str, object] = {"__name__": "docs_example"}
     ran = 0
-    for block in blocks(doc):
-        if marker(block):
-            continue
-        exec(compile(block, f"{doc} example {ran + 1}", "exec", dont_inherit=True), namespace)
-        ran += 1
+    try:
+        for block in blocks(doc):
+            if marker(block):
+                continue
+            name = f"{doc} example {ran + 1} (run {run})"
+            exec(compile(block, name, "exec", dont_inherit=True), namespace)
+            ran += 1
+    finally:
+        for value in namespace.values():
+            shutdown = getattr(value, "shutdown", None)
+            if isinstance(value, novaque.Client) and shutdown is not None:
+                shutdown(timeout=10)
+            if isinstance(value, sa.Engine):
+                value.dispose()
+            engine = getattr(getattr(value, "_dialect", None), "engine", None)
+            if isinstance(engine, sa.Engine):
+                engine.dispose()
     assert ran >= 1
-    for value in namespace.values():
-        if isinstance(value, sa.Engine):
-            value.dispose()
-        engine = getattr(getattr(value, "_dialect", None), "engine", None)
-        if isinstance(engine, sa.Engine):
-            engine.dispose()
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/guide.md"])
+def test_sqlite_examples_run_and_run_again(
+    doc: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Twice on the same database files: a reader may run the examples again."""
+    monkeypatch.chdir(tmp_path)
+    run_sqlite_examples(doc, 1)
+    run_sqlite_examples(doc, 2)
 
 
 def test_server_examples_run(backend: Backend) -> None:
