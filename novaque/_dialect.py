@@ -1316,6 +1316,31 @@ def _rollback_if_open(dbapi_conn: Any, record: Any, state: Any) -> None:
 _SERVER_STATUS_IN_TRANS = 0x0001
 
 
+#: Per backend: the extra that installs novaque's driver, and the URL form using it.
+_DRIVERS = {
+    "postgresql": ("postgres", "postgresql+psycopg://"),
+    "mysql": ("mysql", "mysql+pymysql://"),
+    "mariadb": ("mysql", "mariadb+pymysql://"),
+}
+
+
+def missing_driver(url: sa.URL, exc: ModuleNotFoundError) -> ModuleNotFoundError:
+    """The error for a URL whose driver is not installed: the extra and URL form to use."""
+    backend = url.get_backend_name()
+    extra, form = _DRIVERS.get(backend, ("postgres", "postgresql+psycopg://"))
+    named = url.drivername
+    if named == form.removesuffix("://"):
+        text = f"{exc}: install novaque's driver with pip install 'novaque[{extra}]'"
+    else:
+        text = (
+            f"{named}:// needs a driver that is not installed ({exc}); novaque's driver "
+            f"is installed with pip install 'novaque[{extra}]' and used with {form} URLs"
+        )
+    error = ModuleNotFoundError(text)
+    error.name = exc.name
+    return error
+
+
 def create_engine(url: str | sa.URL, pool_size: int) -> sa.Engine:
     """Build an engine for ``url`` with the settings novaque runs best with."""
     parsed = sa.make_url(url)
@@ -1334,7 +1359,10 @@ def create_engine(url: str | sa.URL, pool_size: int) -> sa.Engine:
             # before each of novaque's transactions (see MySQLDialect).
             kwargs["isolation_level"] = "READ COMMITTED"
             kwargs["pool_reset_on_return"] = None  # replaced by _rollback_if_open
-        engine = sa.create_engine(parsed, **kwargs)
+        try:
+            engine = sa.create_engine(parsed, **kwargs)
+        except ModuleNotFoundError as exc:
+            raise missing_driver(parsed, exc) from None
         _ping_when_idle(engine)
         if backend != "postgresql":
             _READ_COMMITTED.add(engine)

@@ -32,7 +32,7 @@ from novaque._core import CoreClient
 from novaque._dialect import NotifyListener
 from novaque._signals import Signals
 from novaque.consumer import Consumer, Handler, RetryDelay
-from novaque.errors import InvalidOption
+from novaque.errors import InvalidOption, SchemaOutOfDate
 from novaque.models import Message
 from novaque.options import Backoff, Duration, Options, check_int, seconds
 from novaque.schema import STATE_LEASED, STATE_READY, deliveries
@@ -276,7 +276,7 @@ class RuntimeClient(CoreClient):
                     self.log.error(
                         "NOTIFY listener failed (reconnecting; consumers poll meanwhile): %s",
                         _validate.error_text(exc),
-                        exc_info=exc if errors.failures == 0 else None,
+                        exc_info=errors.traceback(exc),
                     )
                     if listener is not None:
                         with run.lock:
@@ -313,7 +313,17 @@ class RuntimeClient(CoreClient):
         ``stats_prune_interval``. Running it in many processes at once is
         safe. A failing job is logged at ERROR and tried again after a
         backoff. Consumers are started on their own (:meth:`Consumer.start`).
+
+        On a database that was not migrated it raises
+        :class:`SchemaOutOfDate` at once, instead of leaving the loops to log
+        it; any other error of that first check is left to the loops' retries.
         """
+        try:
+            self._ready()
+        except SchemaOutOfDate:
+            raise
+        except Exception:  # e.g. the database not reachable yet: the loops retry
+            pass
         with self._runtime_lock:
             if self._maintenance_thread is not None and self._maintenance_thread.is_alive():
                 return
@@ -399,7 +409,7 @@ class RuntimeClient(CoreClient):
                         "maintenance job %s failed (retrying): %s",
                         job.name,
                         _validate.error_text(exc),
-                        exc_info=exc if job.errors.failures == 0 else None,
+                        exc_info=job.errors.traceback(exc),
                     )
                     job.due = time.monotonic() + min(job.interval, job.errors.next())
                     signals.bump("errors")

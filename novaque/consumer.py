@@ -39,7 +39,7 @@ import sqlalchemy as sa
 from novaque import _validate
 from novaque._signals import Signals
 from novaque._time import US, to_us
-from novaque.errors import LeaseLost, Reject
+from novaque.errors import LeaseLost, Reject, SchemaOutOfDate
 from novaque.models import Message
 from novaque.options import Backoff
 
@@ -80,6 +80,13 @@ class RetryDelay:
 
     def reset(self) -> None:
         self.failures = 0
+
+    def traceback(self, exc: BaseException) -> BaseException | None:
+        """What to log with ``exc_info``: the first failure in a row, unless the
+        message says it all (:class:`SchemaOutOfDate` names the command to run)."""
+        if self.failures or isinstance(exc, SchemaOutOfDate):
+            return None
+        return exc
 
 
 def jittered(delay: float) -> float:
@@ -704,7 +711,7 @@ class Consumer:
             self.channel,
             doing,
             _short(exc),
-            exc_info=exc if errors.failures == 0 else None,
+            exc_info=errors.traceback(exc),
         )
 
 

@@ -12,10 +12,13 @@ autogenerate with :func:`include_object` (see the guide).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
+
+if TYPE_CHECKING:
+    from novaque._migrate import AlembicEnvironment
 
 __all__ = [
     "DEAD_VISIBLE_AT",
@@ -30,6 +33,7 @@ __all__ = [
     "stats",
     "topics",
     "upgrade",
+    "version_location",
 ]
 
 metadata = sa.MetaData(
@@ -215,17 +219,43 @@ def include_object(
     return not (table_name or "").startswith("novaque_")
 
 
-def upgrade(connection: sa.Connection, to: str = "head") -> None:
-    """Apply novaque's migrations on ``connection`` (its own version table).
+def upgrade(target: sa.Connection | AlembicEnvironment, to: str = "head") -> None:
+    """Apply novaque's migrations from an application's Alembic ``env.py``.
 
-    For an application's Alembic ``env.py``: call it after the application's
-    own ``context.run_migrations()`` so that one ``alembic upgrade head`` brings
-    both histories up to date, each in its own version table (see the guide,
-    "Alembic"). Checks the database version floor first.
+    Call ``novaque.schema.upgrade(context)`` (``context`` being ``from alembic
+    import context``) after the application's own ``context.run_migrations()``,
+    in the online and the offline branch alike: one ``alembic upgrade head``
+    then brings both histories up to date, novaque's in its own version table
+    ``novaque_alembic_version`` (see the guide, "Alembic").
+
+    - Only an ``upgrade`` command runs novaque's migrations; ``revision
+      --autogenerate``, ``current``, ``check``, ``stamp``, ``history`` and
+      ``downgrade`` run none of novaque's DDL.
+    - Offline (``alembic upgrade head --sql``) novaque's DDL is written into
+      the printed SQL, after the application's, and nothing touches a
+      database.
+    - Online it checks the database version floor, takes novaque's migration
+      lock, and commits novaque's work.
+
+    Given a :class:`~sqlalchemy.engine.Connection` instead (the older recipe),
+    it applies the same rules while an Alembic command runs, and outside one
+    it simply upgrades on that connection.
     """
-    from novaque import _dialect, _migrate
+    from novaque import _migrate
 
-    dialect = _dialect.class_for(connection)
-    dialect.check_floor(connection)
-    with dialect.migration_lock(connection):
-        _migrate.upgrade(connection, to)
+    _migrate.upgrade_in_environment(target, to)
+
+
+def version_location() -> str:
+    """The folder of novaque's migration scripts, for ``version_locations``.
+
+    An application that runs novaque's migrations as the ``novaque`` branch
+    of its own Alembic history lists it in its ``version_locations``; from an
+    installed novaque the same folder is the package resource
+    ``novaque:migrations/versions`` (see the guide, "Alembic").
+    """
+    from pathlib import Path
+
+    from novaque import _migrate
+
+    return str(Path(_migrate.script_location()) / "versions")

@@ -8,7 +8,8 @@ Where the servers come from:
   that is set but unreachable fails the run: it never turns into a skip.
 - With neither set and a Docker engine available, ``testcontainers`` starts
   both servers.
-- Otherwise those backends are skipped, with the reason printed.
+- Otherwise those backends are skipped, with one summary line per backend
+  saying how to enable it (``skip_reason``, ``pytest_runtest_makereport``).
 
 Each backend's database is migrated once per session; every test then starts
 from empty tables (rows deleted, schema kept), which keeps the suite fast.
@@ -33,6 +34,37 @@ from novaque import _core, schema
 
 BACKENDS = ("sqlite", "postgres", "mysql")
 ENV = {"postgres": "NOVAQUE_TEST_POSTGRES_URL", "mysql": "NOVAQUE_TEST_MYSQL_URL"}
+#: Example server URLs: any database that exists on the server will do (the
+#: suite creates its own); ``postgres`` and ``mysql`` exist on every server.
+EXAMPLE_URL = {
+    "postgres": "postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
+    "mysql": "mysql+pymysql://root@127.0.0.1:3306/mysql",
+}
+#: How a backend's skip reason begins: these skips are folded into one line each.
+NOT_TESTED = "{name} not tested: "
+
+
+def skip_reason(name: str) -> str:
+    """Why a server backend is skipped, and exactly how to enable it."""
+    return (
+        NOT_TESTED.format(name=name) + f"set {ENV[name]}={EXAMPLE_URL[name]} (any existing "
+        "database of the server; the suite creates and drops its own), or leave both "
+        "NOVAQUE_TEST_*_URL unset with a running Docker engine and testcontainers starts "
+        "PostgreSQL and MariaDB"
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Give every skip of an unconfigured backend one location, so that ``-ra``
+    prints one line per backend instead of one per test (other skips keep theirs)."""
+    report = yield
+    longrepr = report.longrepr
+    if report.skipped and isinstance(longrepr, tuple) and len(longrepr) == 3:
+        reason = str(longrepr[2]).removeprefix("Skipped: ")
+        if any(reason.startswith(NOT_TESTED.format(name=name)) for name in ENV):
+            report.longrepr = (__file__, None, reason)
+    return report
 
 
 class FakeClock:
@@ -169,9 +201,7 @@ def _server_url(name: str) -> tuple[str | None, str]:
             engine.dispose()
         return configured, ""
     if any(os.environ.get(v) for v in ENV.values()) or not _docker_available():
-        return None, (
-            f"{name}: set {ENV[name]} (or run with Docker for testcontainers) to test this backend"
-        )
+        return None, skip_reason(name)
     if name == "postgres":
         from testcontainers.postgres import PostgresContainer
 

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -353,3 +354,30 @@ def test_admin_refuses_bad_options(db: Path) -> None:
     assert run("admin", "--port", "70000", cwd=db).returncode == 2
     (db / "elsewhere").mkdir()
     assert "does not exist" in one_line_error(run("admin", cwd=db / "elsewhere"))
+
+
+def test_a_missing_driver_names_the_right_extra_and_url(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['MySQLdb'] = None; from novaque.cli import main; "
+        "sys.exit(main(['--url', 'mysql://root@127.0.0.1/test', 'topics']))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    error = one_line_error(done)
+    assert "pip install 'novaque[mysql]'" in error
+    assert "mysql+pymysql://" in error
+    assert "postgres" not in error
+
+
+@pytest.mark.parametrize("command", ["admin", "demo"])
+def test_a_port_in_use_is_one_line_naming_it_and_port_0(db: Path, command: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ["--port", str(port)] + (["--duration", "1"] if command == "demo" else [])
+        error = one_line_error(run(command, *args, cwd=db))
+    assert f"127.0.0.1:{port}" in error
+    assert "already in use" in error
+    assert "--port 0" in error

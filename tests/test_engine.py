@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -68,3 +70,45 @@ def test_mysql_connections_run_read_committed_without_a_set_per_transaction(
     connected.ack_many(connected.claim("t", "c"))
     assert sent
     assert not [s for s in sent if "ISOLATION" in s.upper()]
+
+
+@pytest.mark.parametrize(
+    ("url", "module", "extra", "form"),
+    [
+        ("mysql://root@127.0.0.1/test", "MySQLdb", "novaque[mysql]", "mysql+pymysql://"),
+        ("mariadb://root@127.0.0.1/test", "MySQLdb", "novaque[mysql]", "mariadb+pymysql://"),
+        (
+            "postgresql://u@127.0.0.1/db",
+            "psycopg2 psycopg",
+            "novaque[postgres]",
+            "postgresql+psycopg://",
+        ),
+    ],
+)
+def test_a_url_whose_driver_is_missing_names_the_extra_and_the_url_form(
+    url: str, module: str, extra: str, form: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in module.split():  # as if not installed (SQLAlchemy 2.1 defaults to psycopg)
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(ModuleNotFoundError) as missing:
+        novaque.connect(url)
+    text = str(missing.value)
+    assert f"pip install '{extra}'" in text
+    assert form in text
+    assert missing.value.__cause__ is None
+    assert missing.value.__suppress_context__
+
+
+@pytest.mark.parametrize(
+    ("url", "module", "extra"),
+    [
+        ("mysql+pymysql://root@127.0.0.1/test", "pymysql", "novaque[mysql]"),
+        ("postgresql+psycopg://u@127.0.0.1/db", "psycopg", "novaque[postgres]"),
+    ],
+)
+def test_novaques_own_driver_missing_names_its_extra(
+    url: str, module: str, extra: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(ModuleNotFoundError, match=re.escape(f"pip install '{extra}'")):
+        novaque.connect(url)

@@ -160,3 +160,38 @@ def test_processes_migrating_at_once_all_succeed(backend: Backend, tmp_path: Pat
         assert proc.returncode == 0, err
     client = novaque.Client(backend.engine(url))
     assert client.list_topics() == []
+
+
+def test_a_worker_started_before_migrate_gets_one_clear_error(
+    backend: Backend, tmp_path: Path
+) -> None:
+    url = backend.scratch_url(tmp_path)
+    client = novaque.Client(backend.engine(url))
+    calls = {
+        "subscribe_and_start": lambda: client.subscribe_and_start("t", "c", lambda msg: None),
+        "start": client.start,
+        "publish": lambda: client.publish("t", b"x"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(
+            novaque.SchemaOutOfDate, match=r"novaque migrate.*client\.migrate\(\)"
+        ) as out:
+            call()
+        # one exception, not the driver's "no such table" chained under it
+        assert out.value.__cause__ is None, name
+        assert out.value.__context__ is None or out.value.__suppress_context__, name
+    assert client._maintenance_thread is None  # start() refused before starting anything
+    client.migrate()
+    client.start()
+    client.shutdown()
+
+
+def test_background_loops_log_schema_out_of_date_without_a_traceback() -> None:
+    from novaque.consumer import RetryDelay
+
+    errors = RetryDelay()
+    assert errors.traceback(novaque.SchemaOutOfDate("run `novaque migrate`")) is None
+    first = RuntimeError("boom")
+    assert errors.traceback(first) is first  # other errors: the traceback, the first time
+    errors.next()
+    assert errors.traceback(first) is None

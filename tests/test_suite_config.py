@@ -1,4 +1,5 @@
-"""The suite itself: a configured but unreachable server fails the run."""
+"""The suite itself: a configured but unreachable server fails the run; an
+unconfigured one is one skip line saying how to enable it."""
 
 from __future__ import annotations
 
@@ -10,22 +11,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_an_unreachable_configured_server_fails_instead_of_skipping() -> None:
-    env = {
-        **os.environ,
-        "NOVAQUE_TEST_POSTGRES_URL": "postgresql+psycopg://postgres@127.0.0.1:1/postgres",
-        "NOVAQUE_TEST_MYSQL_URL": "mysql+pymysql://root@127.0.0.1:1/test",
-    }
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "tests/test_publish.py::test_late_channel_does_not_see_earlier_messages",
-        ],
+def pytest_run(target: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The suite on ``target`` in a subprocess, as ``make test`` runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", target],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -33,8 +22,30 @@ def test_an_unreachable_configured_server_fails_instead_of_skipping() -> None:
         timeout=120,
         check=False,
     )
+
+
+def test_an_unreachable_configured_server_fails_instead_of_skipping() -> None:
+    env = {
+        **os.environ,
+        "NOVAQUE_TEST_POSTGRES_URL": "postgresql+psycopg://postgres@127.0.0.1:1/postgres",
+        "NOVAQUE_TEST_MYSQL_URL": "mysql+pymysql://root@127.0.0.1:1/test",
+    }
+    done = pytest_run("tests/test_publish.py::test_late_channel_does_not_see_earlier_messages", env)
     assert done.returncode != 0
     assert "NOVAQUE_TEST_POSTGRES_URL is set" in done.stdout
     assert "NOVAQUE_TEST_MYSQL_URL is set" in done.stdout
     assert "1 passed" in done.stdout  # SQLite still ran
     assert " skipped" not in done.stdout.splitlines()[-1]
+
+
+def test_without_servers_each_backend_is_one_skip_line_saying_how_to_enable_it() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NOVAQUE_TEST_")}
+    env["DOCKER_HOST"] = "tcp://127.0.0.1:1"  # no Docker engine either
+    done = pytest_run("tests/test_publish.py", env)
+    assert done.returncode == 0, done.stdout
+    skipped = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert len(skipped) == 2, skipped  # one per server backend, however many tests
+    postgres, mysql = sorted(skipped, key=lambda line: "mysql" in line)
+    assert "NOVAQUE_TEST_POSTGRES_URL=postgresql+psycopg://" in postgres
+    assert "NOVAQUE_TEST_MYSQL_URL=mysql+pymysql://root@127.0.0.1:3306/mysql" in mysql
+    assert all("Docker" in line and "testcontainers" in line for line in skipped)

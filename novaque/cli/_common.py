@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from pathlib import Path
@@ -15,7 +17,7 @@ import sqlalchemy as sa
 from novaque.client import Client, connect
 from novaque.errors import NovaqueError
 
-__all__ = ["CommandError", "Context", "one_line", "parse_day", "print_table"]
+__all__ = ["CommandError", "Context", "listening", "one_line", "parse_day", "print_table"]
 
 MAX_ERROR_CHARS = 500
 
@@ -91,7 +93,7 @@ def one_line(exc: BaseException, context: Context) -> str:
         original = exc.orig if exc.orig is not None else exc
         text = f"database error on {context.shown_url}: {original}"
     elif isinstance(exc, ModuleNotFoundError):
-        text = f"{exc} (install the database driver, e.g. pip install 'novaque[postgres]')"
+        text = str(exc)  # connect() names the extra and the URL form for the backend
     elif isinstance(exc, (OSError, ValueError, TypeError)):
         text = str(exc) or type(exc).__name__
     else:
@@ -111,6 +113,24 @@ def port_number(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}")
     return value
+
+
+@contextlib.contextmanager
+def listening(host: str, port: int) -> Iterator[None]:
+    """Report a port that cannot be bound as one line naming it and ``--port 0``."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+            raise
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        reason = (
+            "is already in use" if exc.errno == errno.EADDRINUSE else f"refused: {exc.strerror}"
+        )
+        raise CommandError(
+            f"cannot listen on {where}: the address {reason}; pass --port 0 (any free port) "
+            "or another --port"
+        ) from None
 
 
 def parse_day(text: str) -> date:

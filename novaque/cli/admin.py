@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any
 
-from novaque.cli._common import Context, port_number
+from novaque.cli._common import Context, listening, port_number
 
 PASSWORD_ENV = "NOVAQUE_ADMIN_PASSWORD"
 
@@ -46,7 +46,8 @@ def run_admin(args: argparse.Namespace, context: Context) -> int:
         print(f"novaque admin ({server}) on {base_url}{args.prefix}/  (Ctrl-C stops)", flush=True)
 
     try:
-        serve(app, args.host, args.port, on_ready=ready)
+        with listening(args.host, args.port):
+            serve(app, args.host, args.port, on_ready=ready)
     except KeyboardInterrupt:
         print("stopped", file=sys.stderr)
     return 0

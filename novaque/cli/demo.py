@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any
 
 import novaque
-from novaque.cli._common import Context, port_number
+from novaque.cli._common import Context, listening, port_number
 
 TOPIC = "orders"
 #: channel -> (chance that one attempt fails, chance that it is rejected, error text)
@@ -136,7 +136,8 @@ def run_demo(args: argparse.Namespace, context: Context) -> int:
     client.migrate()
     for channel in CHANNELS:
         client.ensure_channel(TOPIC, channel)
-    server = start_background(create_app(client), args.host, args.port)
+    with listening(args.host, args.port):
+        server = start_background(create_app(client), args.host, args.port)
     stop = threading.Event()
     tally = Tally()
     handlers = {

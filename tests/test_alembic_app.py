@@ -1,0 +1,256 @@
+"""The guide's two Alembic recipes, end to end in a throwaway application.
+
+Each test builds an application Alembic environment in ``tmp_path`` (a real
+``alembic.ini``, the guide's ``env.py``, one application migration creating
+``things``) and drives the real ``alembic`` command in a subprocess on a
+fresh database of each backend.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+import novaque
+from novaque import schema
+from tests.conftest import Backend
+
+ROOT = Path(__file__).resolve().parent.parent
+NOVAQUE_TABLES = {t.name for t in schema.metadata.sorted_tables}
+APP_MIGRATION = """
+import sqlalchemy as sa
+from alembic import op
+revision = "a1"
+down_revision = None
+branch_labels = ("myapp",)
+depends_on = None
+def upgrade():
+    op.create_table("things", sa.Column("id", sa.Integer, primary_key=True))
+def downgrade():
+    op.drop_table("things")
+"""
+MODELS = """
+import sqlalchemy as sa
+metadata = sa.MetaData()
+things = sa.Table("things", metadata, sa.Column("id", sa.Integer, primary_key=True))
+"""
+
+
+def guide_env() -> str:
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    (env,) = [b for b in re.findall(r"```python\n(.*?)```", guide, re.S) if "# file: env.py" in b]
+    return str(env)
+
+
+def guide_ini_lines() -> list[str]:
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    (ini,) = re.findall(r"```ini\n(.*?)```", guide, re.S)
+    return str(ini).splitlines()
+
+
+class App:
+    """An application's Alembic project on one database."""
+
+    def __init__(self, root: Path, url: str, *, branch: bool, pythonpath: str = str(ROOT)):
+        self.root, self.url = root, url
+        (root / "migrations" / "versions").mkdir(parents=True)
+        (root / "myapp").mkdir()
+        (root / "myapp" / "__init__.py").write_text("")
+        (root / "myapp" / "models.py").write_text(textwrap.dedent(MODELS))
+        env = guide_env()
+        if branch:  # the branch recipe: the same env.py without novaque's line
+            env = "\n".join(line for line in env.splitlines() if "schema.upgrade" not in line)
+        (root / "migrations" / "env.py").write_text(env)
+        (root / "migrations" / "script.py.mako").write_text(
+            (ROOT / "migrations" / "script.py.mako").read_text()
+        )
+        (root / "migrations" / "versions" / "a1_things.py").write_text(
+            textwrap.dedent(APP_MIGRATION)
+        )
+        ini = ["[alembic]", "script_location = %(here)s/migrations", "prepend_sys_path = ."]
+        if branch:
+            ini = guide_ini_lines()
+        (root / "alembic.ini").write_text(
+            "\n".join([*ini, f"sqlalchemy.url = {url.replace('%', '%%')}", ""])
+        )
+        self.env = {**os.environ, "PYTHONPATH": pythonpath}
+
+    def alembic(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "alembic", *args],
+            cwd=self.root,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if ok:
+            assert done.returncode == 0, done.stderr
+        return done
+
+    def tables(self) -> set[str]:
+        engine = sa.create_engine(self.url, poolclass=sa.NullPool)
+        try:
+            return set(sa.inspect(engine).get_table_names())
+        finally:
+            engine.dispose()
+
+    def versions(self) -> set[str]:
+        engine = sa.create_engine(self.url, poolclass=sa.NullPool)
+        try:
+            with engine.connect() as conn:
+                return set(
+                    conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars()
+                )
+        finally:
+            engine.dispose()
+
+    def generated(self, slug: str) -> str:
+        (path,) = [p for p in (self.root / "migrations" / "versions").iterdir() if slug in p.name]
+        text = path.read_text()
+        path.unlink()  # an empty probe revision; keep the history as it was
+        return text
+
+
+def check_client(backend: Backend, url: str) -> None:
+    """A client accepts the schema, and migrate() then applies nothing."""
+    engine = backend.engine(url)
+    client = novaque.Client(engine)
+    assert client.list_topics() == []
+    before = set(sa.inspect(engine).get_table_names())
+    client.migrate()  # a no-op: the tables exist, in either recipe
+    assert set(sa.inspect(engine).get_table_names()) == before
+    client.publish("orders", b"x")
+    assert client.list_topics() == ["orders"]
+
+
+def assert_offline_sql(out: str, *, heads: bool) -> None:
+    for table in (*NOVAQUE_TABLES, "things"):
+        assert re.search(rf"CREATE TABLE [`\"]?{table}\b", out), (table, out)
+    assert "INSERT INTO alembic_version" in out
+    if not heads:  # the env.py recipe: novaque's history in its own table
+        assert "INSERT INTO novaque_alembic_version" in out
+
+
+def test_env_py_recipe_upgrades_both_and_read_only_commands_run_no_ddl(
+    backend: Backend, tmp_path: Path
+) -> None:
+    app = App(tmp_path / "app", backend.scratch_url(tmp_path), branch=False)
+    app.alembic("current")
+    assert app.tables() == set()  # `current` ran no DDL
+    out = app.alembic("upgrade", "head", "--sql").stdout
+    assert_offline_sql(out, heads=False)
+    assert app.tables() == set()  # offline touched nothing
+    app.alembic("upgrade", "head")
+    assert app.tables() >= {"things", "alembic_version", schema.VERSION_TABLE, *NOVAQUE_TABLES}
+    assert app.versions() == {"a1"}
+    app.alembic("check")  # novaque's tables are not the application's business
+    app.alembic("revision", "--autogenerate", "-m", "probe")
+    assert "novaque" not in app.generated("probe")  # nothing proposed about novaque
+    app.alembic("upgrade", "head")  # again: changes nothing
+    check_client(backend, app.url)
+    app.alembic("downgrade", "base")  # the application's: novaque's tables stay
+    assert "things" not in app.tables()
+    assert app.tables() >= {schema.VERSION_TABLE, *NOVAQUE_TABLES}
+
+
+def test_env_py_recipe_autogenerate_on_a_fresh_database_runs_no_novaque_ddl(
+    backend: Backend, tmp_path: Path
+) -> None:
+    app = App(tmp_path / "app", backend.scratch_url(tmp_path), branch=False)
+    app.alembic("stamp", "head")  # the application is "current" without its table
+    assert app.tables() == {"alembic_version"}  # `stamp` ran none of novaque's DDL
+    app.alembic("revision", "--autogenerate", "-m", "probe")
+    generated = app.generated("probe")
+    assert "things" in generated
+    assert "novaque" not in generated
+    app.alembic("current")
+    app.alembic("history")
+    app.alembic("check", ok=False)  # `things` is missing: check fails, and changes nothing
+    app.alembic("stamp", "base")
+    assert app.tables() == {"alembic_version"}
+    with pytest.raises(novaque.SchemaOutOfDate, match="novaque migrate"):
+        novaque.Client(backend.engine(app.url)).list_topics()
+
+
+def test_branch_recipe_upgrade_heads_applies_both(backend: Backend, tmp_path: Path) -> None:
+    app = App(tmp_path / "app", backend.scratch_url(tmp_path), branch=True)
+    assert f"{schema.version_location()}" == str(ROOT / "migrations" / "versions")
+    # From the source tree novaque's scripts are not inside the package: point
+    # at them by path (test_branch_recipe_from_an_installed_layout covers the
+    # resource name of the guide).
+    ini = (app.root / "alembic.ini").read_text()
+    (app.root / "alembic.ini").write_text(
+        ini.replace("novaque:migrations/versions", schema.version_location())
+    )
+    out = app.alembic("upgrade", "heads", "--sql").stdout
+    assert_offline_sql(out, heads=True)
+    assert app.tables() == set()
+    app.alembic("upgrade", "heads")
+    assert app.tables() >= {"things", "alembic_version", *NOVAQUE_TABLES}
+    assert app.versions() == {"a1", novaque._migrate.head()}
+    assert "(novaque)" in app.alembic("heads").stdout  # the branch label
+    app.alembic("check")
+    app.alembic("revision", "--autogenerate", "--head", "myapp@head", "-m", "probe")
+    assert "novaque" not in app.generated("probe")
+    check_client(backend, app.url)
+    assert app.versions() == {"a1", novaque._migrate.head()}  # migrate() wrote nothing
+    with sa.create_engine(app.url, poolclass=sa.NullPool).connect() as conn:
+        assert novaque._migrate.current(conn) == novaque._migrate.head()
+
+
+def test_branch_recipe_with_an_older_novaque_revision_asks_for_alembic(
+    backend: Backend, tmp_path: Path
+) -> None:
+    url = backend.scratch_url(tmp_path)
+    engine = backend.engine(url)
+    novaque.Client(engine).migrate()
+    with engine.begin() as conn:  # as if novaque's revision lived in the app's table
+        conn.execute(sa.text(f"DELETE FROM {schema.VERSION_TABLE}"))
+        conn.execute(sa.text("CREATE TABLE alembic_version (version_num VARCHAR(32))"))
+        conn.execute(sa.text("INSERT INTO alembic_version VALUES ('a1'), ('0000')"))
+    with pytest.raises(novaque.SchemaOutOfDate, match="missing"):
+        novaque.Client(engine).list_topics()  # '0000' is not one of novaque's
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE alembic_version SET version_num = 'old' WHERE version_num = '0000'")
+        )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            novaque._migrate, "known_revisions", lambda: frozenset({"old", novaque._migrate.head()})
+        )
+        with pytest.raises(novaque.SchemaOutOfDate, match=r"'old'.*alembic upgrade heads"):
+            novaque.Client(engine).list_topics()
+        with pytest.raises(novaque.SchemaOutOfDate, match=r"'old'.*alembic upgrade heads"):
+            novaque.Client(engine).migrate()
+
+
+def test_branch_recipe_from_an_installed_layout(tmp_path: Path) -> None:
+    """The guide's ``novaque:migrations/versions`` names the folder of the wheel."""
+    site = tmp_path / "site"
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(ROOT / "novaque", site / "novaque", ignore=ignore)
+    # pyproject.toml force-includes the top-level migrations/ as novaque/migrations
+    shutil.copytree(ROOT / "migrations", site / "novaque" / "migrations", ignore=ignore)
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    app = App(tmp_path / "app", url, branch=True, pythonpath=str(site))
+    app.alembic("upgrade", "heads")
+    assert app.tables() >= {"things", *NOVAQUE_TABLES}
+    located = subprocess.run(
+        [sys.executable, "-c", "import novaque.schema as s; print(s.version_location())"],
+        env=app.env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert located == str(site / "novaque" / "migrations" / "versions")
