@@ -112,14 +112,14 @@ class Backend:
 
     def release(self) -> None:
         """Close what one test opened (the session's database stays)."""
-        # Clients a test built itself on these engines: their counter flushers
-        # must not outlive the engines.
-        own = {id(engine) for engine in self.engines}
-        others = [c for c in list(_core._unflushed) if id(c.engine) in own]
-        for made in [*self.clients, *(c for c in others if c not in self.clients)]:
+        # Clients a test built itself that counted something: their counter
+        # flushers must not outlive the test (and the engines it disposes).
+        others = [c for c in list(_core._unflushed) if c not in self.clients]
+        for made in [*self.clients, *others]:
             shutdown = getattr(made, "shutdown", None)
             if shutdown is not None:
                 shutdown(timeout=10)
+            _core._unflushed.discard(made)
             if made._dialect.engine is not made.engine:
                 made._dialect.engine.dispose()
         for engine in self.engines:

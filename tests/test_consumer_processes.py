@@ -225,10 +225,14 @@ def test_consumer_resumes_after_its_connections_are_dropped(
 
     signals = _consume_through(backend, disrupt)
     assert dropped.is_set()
-    # The drop was noticed (and survived) by the consumer's threads.
+    # The drop was noticed (and survived): by the consumer's threads, or, when
+    # the kill caught a connection between two statements, by the pool, whose
+    # reset on return failed and replaced it before anyone used it again.
     errors = sum(signals.get(k, 0) for k in ("claim_errors", "settle_errors", "renew_errors"))
-    assert errors >= 1, signals
-    assert "error while claiming" in caplog.text or "could not ack" in caplog.text
+    if errors:
+        assert "error while claiming" in caplog.text or "could not ack" in caplog.text
+    else:
+        assert "Exception during reset" in caplog.text, signals
 
 
 @pytest.mark.skipif(

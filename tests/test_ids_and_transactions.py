@@ -364,16 +364,21 @@ def test_the_purge_skips_a_message_a_replay_holds(
 # -- counters of processes that only publish ------------------------------------------------
 
 
+def _run_and_exit(backend: Backend, *lines: str) -> None:
+    """Run ``lines`` in a new Python process (``url``: the backend's) that just exits."""
+    script = "\n".join(["import sys, sqlalchemy, novaque", "url = sys.argv[1]", *lines])
+    subprocess.run([sys.executable, "-c", script, backend.url], check=True, cwd=ROOT, timeout=120)
+
+
 def test_a_publish_only_process_flushes_its_counters_at_exit(backend: Backend) -> None:
     reader = backend.client()
     reader.ensure_channel("web", "c")
-    script = (
-        "import sys, novaque\n"
-        "client = novaque.Client(__import__('sqlalchemy').create_engine(sys.argv[1]))\n"
-        "for _ in range(5):\n"
-        "    client.publish('web', b'x')\n"
+    _run_and_exit(
+        backend,
+        "client = novaque.Client(sqlalchemy.create_engine(url))",
+        "for _ in range(5):",
+        "    client.publish('web', b'x')",
     )
-    subprocess.run([sys.executable, "-c", script, backend.url], check=True, cwd=ROOT, timeout=120)
     assert reader.channel_counters("web", "c").published == 5
 
 
@@ -390,13 +395,12 @@ def test_a_publish_only_client_flushes_its_counters_while_it_lives(backend: Back
 def test_counters_of_a_started_client_reach_the_database_at_exit(backend: Backend) -> None:
     reader = backend.client()
     reader.ensure_channel("web", "c")
-    script = (
-        "import sys, novaque\n"
-        "client = novaque.connect(sys.argv[1], stats_flush_interval=3600)\n"
-        "client.start()\n"
-        "client.publish('web', b'x')\n"
+    _run_and_exit(
+        backend,
+        "client = novaque.connect(url, stats_flush_interval=3600)",
+        "client.start()",
+        "client.publish('web', b'x')",
     )
-    subprocess.run([sys.executable, "-c", script, backend.url], check=True, cwd=ROOT, timeout=120)
     assert reader.channel_counters("web", "c").published == 1
 
 

@@ -68,26 +68,26 @@ def test_upgrading_a_0001_database_with_live_data_keeps_every_row(
     assert client.publish("orders", b"\x00payload", dedup_key="order-1") == 10
 
 
+def _only_ids(engine: sa.Engine) -> tuple[int, int]:
+    """The (topic id, channel id) of the database's one channel."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.text(
+                "SELECT t.id, c.id FROM novaque_topics t JOIN novaque_channels c "
+                "ON c.topic_id = t.id"
+            )
+        ).one()
+    return int(row[0]), int(row[1])
+
+
 def test_topic_and_channel_ids_are_never_reused(backend: Backend, tmp_path: Path) -> None:
     client = novaque.Client(backend.engine(backend.scratch_url(tmp_path)))
     client.migrate()
     client.ensure_channel("orders", "billing")
-    with client.engine.connect() as conn:
-        first = conn.execute(
-            sa.text(
-                "SELECT t.id, c.id FROM novaque_topics t JOIN novaque_channels c "
-                "ON c.topic_id = t.id"
-            )
-        ).one()
+    first = _only_ids(client.engine)
     client.delete_topic("orders")
     client.ensure_channel("payroll", "salaries")
-    with client.engine.connect() as conn:
-        second = conn.execute(
-            sa.text(
-                "SELECT t.id, c.id FROM novaque_topics t JOIN novaque_channels c "
-                "ON c.topic_id = t.id"
-            )
-        ).one()
+    second = _only_ids(client.engine)
     assert second[0] > first[0]
     assert second[1] > first[1]
 

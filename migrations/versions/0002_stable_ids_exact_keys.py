@@ -90,18 +90,18 @@ def _rebuild_sqlite(autoincrement: bool) -> None:
         op.rename_table(f"{table}_rebuilt", table)
 
 
+def _dedup_key_type(to: sa.types.TypeEngine[str], was: sa.types.TypeEngine[str]) -> None:
+    op.alter_column(
+        "novaque_messages", "dedup_key", type_=to, existing_type=was, existing_nullable=True
+    )
+
+
 def upgrade() -> None:
     name = op.get_context().dialect.name
     if name == "sqlite":
         _rebuild_sqlite(autoincrement=True)
     elif name in ("mysql", "mariadb"):
-        op.alter_column(
-            "novaque_messages",
-            "dedup_key",
-            type_=KEY_BYTES,
-            existing_type=KEY_TEXT,
-            existing_nullable=True,
-        )
+        _dedup_key_type(KEY_BYTES, KEY_TEXT)
 
 
 def downgrade() -> None:
@@ -110,10 +110,4 @@ def downgrade() -> None:
         _rebuild_sqlite(autoincrement=False)
     elif name in ("mysql", "mariadb"):
         # Fails with a duplicate key if two live keys differ only by trailing spaces.
-        op.alter_column(
-            "novaque_messages",
-            "dedup_key",
-            type_=KEY_TEXT,
-            existing_type=KEY_BYTES,
-            existing_nullable=True,
-        )
+        _dedup_key_type(KEY_TEXT, KEY_BYTES)
