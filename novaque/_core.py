@@ -11,9 +11,9 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from datetime import date, timedelta
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Sequence
+from datetime import timedelta
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -22,15 +22,14 @@ from novaque import _dialect, _migrate, _validate
 from novaque._stats import StatsBuffer, Tally
 from novaque._time import US, Clock, day_of, from_us
 from novaque.errors import (
-    ChannelNotFound,
     InvalidOption,
     LeaseLost,
-    TopicNotFound,
 )
 from novaque.models import Message
+from novaque.ops import Effects, maintain, topology
+from novaque.ops import publish as publish_op
 from novaque.options import Duration, Options, check_int, seconds
 from novaque.schema import (
-    COUNTER_COLUMNS,
     DEAD_VISIBLE_AT,
     STATE_DEAD,
     STATE_LEASED,
@@ -39,7 +38,6 @@ from novaque.schema import (
     deliveries,
     messages,
     stats,
-    topics,
 )
 
 __all__ = ["CoreClient"]
@@ -65,6 +63,7 @@ def _flush_at_exit() -> None:
 
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 d = deliveries
 MAX_CLAIM = 1000
@@ -73,12 +72,6 @@ CHANNEL_CACHE_S = 5.0
 #: How often the server clock is sampled again (at most once per maintenance pass).
 CLOCK_SAMPLE_S = 60.0
 
-_channel_ids = (
-    sa.select(channels.c.id)
-    .join_from(channels, topics, channels.c.topic_id == topics.c.id)
-    .where(topics.c.name == sa.bindparam("p_topic"), channels.c.name == sa.bindparam("p_channel"))
-)
-_topic_id = sa.select(topics.c.id).where(topics.c.name == sa.bindparam("p_topic"))
 _requeue = (
     sa.update(d)
     .where(d.c.id == sa.bindparam("p_id"), d.c.lease_token == sa.bindparam("p_token"))
@@ -120,14 +113,6 @@ _renew = (
     )
     .values(visible_at=sa.bindparam("p_until"))
 )
-
-
-@dataclasses.dataclass
-class _Published:
-    ids: list[int]
-    fanout: Counter[int]
-    now: int
-    stored: int  # messages written (a repeated dedup key writes none)
 
 
 class CoreClient:
@@ -221,6 +206,30 @@ class CoreClient:
         """
         self._ready()
         return self._dialect.run(fn, one_statement=op in self._dialect.one_statement_ops)
+
+    def _run_op(
+        self,
+        op: str,
+        fn: Callable[Concatenate[sa.Connection, _dialect.Dialect, P], T],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """Run the operation ``fn`` with ``args`` in one of novaque's transactions
+        (``op``: as for :meth:`_run`)."""
+        return self._run(lambda conn: fn(conn, self._dialect, *args, **kwargs), op=op)
+
+    def _run_timed(
+        self,
+        op: str,
+        fn: Callable[Concatenate[sa.Connection, _dialect.Dialect, int, P], T],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """Like :meth:`_run_op`, passing ``fn`` the time of each attempt (a retried
+        transaction runs at the time it is retried)."""
+        return self._run(lambda conn: fn(conn, self._dialect, self._now(), *args, **kwargs), op=op)
 
     def _run_counted(self, fn: Callable[[sa.Connection, Tally], T]) -> T:
         """Like :meth:`_run`; counters ``fn`` records count once the transaction commits."""
@@ -334,24 +343,15 @@ class CoreClient:
             raise InvalidOption("pass either connection or session to publish, not both")
         if not data:
             return []
-
-        def write(conn: sa.Connection, topic_id: int) -> _Published:
-            now = self._now()
-            rows = [
-                {
-                    "body": body,
-                    "headers": header_text,
-                    "published_at": now,
-                    "expires_at": now + int(ttl_s * US),
-                    "max_attempts": attempts,
-                    "dedup_key": key,
-                }
-                for body, key in zip(data, dedup_keys, strict=True)
-            ]
-            visible = now + int(delay_s * US)
-            ids, fanout, stored = self._write_messages(conn, topic, topic_id, rows, visible)
-            return _Published(ids, fanout, now, stored)
-
+        params: dict[str, Any] = {
+            "topic": topic,
+            "bodies": data,
+            "dedup_keys": dedup_keys,
+            "headers": header_text,
+            "ttl_us": int(ttl_s * US),
+            "delay_us": int(delay_s * US),
+            "max_attempts": attempts,
+        }
         if session is not None:
             connection = session.connection()
         if connection is not None:
@@ -360,57 +360,58 @@ class CoreClient:
             # or one deleted since), so it commits or rolls back with it.
             if self._is_ours(connection):
                 self._ready()
-                done = write(connection, self._topic_id_in(connection, topic))
-                _after_commit(connection, lambda: self._published(topic, done))
+                done = publish_op.publish(
+                    connection, self._dialect, self._now(), topic_id=None, **params
+                )
+                # Not cached: the id is the caller's transaction's until it commits.
+                effects = dataclasses.replace(done.effects(topic), topic_ids=())
+                _after_commit(connection, lambda: self._apply(effects))
             else:
                 # Another database: its counters are written there, in the
                 # caller's transaction (this client's buffer is for its own).
                 self._ready_elsewhere(connection)
-                done = write(connection, self._topic_id_in(connection, topic))
-                if done.fanout:
-                    self._dialect.upsert_stats(
-                        connection,
-                        _stats_rows(
-                            {(c, day_of(done.now)): n for c, n in done.fanout.items()}, "published"
-                        ),
-                    )
+                done = publish_op.publish(
+                    connection, self._dialect, self._now(), topic_id=None, **params
+                )
+                publish_op.count_here(connection, self._dialect, done)
             return done.ids
+        return self._run_publish(topic, params)
+
+    def _run_publish(self, topic: str, params: dict[str, Any]) -> list[int]:
+        """Publish in novaque's own transaction; the topic id is cached once it committed."""
+        topic_id = self._topic_ids.get(topic)
         # One statement where the dialect can: the topic id is known, no dedup
         # keys, and the bodies fit one INSERT batch.
-        one = (
-            topic in self._topic_ids
-            and all(k is None for k in dedup_keys)
-            and len(data) <= INSERT_BATCH_ROWS
-            and sum(map(len, data)) <= INSERT_BATCH_BYTES
+        one = topic_id is not None and publish_op.one_statement(
+            params["bodies"], params["dedup_keys"]
         )
-        done = self._run_publish(topic, write, one)
-        self._published(topic, done)
-        return done.ids
-
-    def _run_publish(
-        self, topic: str, write: Callable[[sa.Connection, int], _Published], one: bool
-    ) -> _Published:
-        """Publish in novaque's own transaction; the topic id is cached once it committed."""
-        learned: list[int] = []
-
-        def work(conn: sa.Connection) -> _Published:
-            topic_id = self._topic_ids.get(topic)
-            if topic_id is None:
-                topic_id = self._topic_id_in(conn, topic)
-                learned.append(topic_id)
-            return write(conn, topic_id)
-
         try:
-            result = self._run(work, op="publish" if one else "")
+            done = self._run_timed(
+                "publish" if one else "", publish_op.publish, topic_id=topic_id, **params
+            )
         except sa.exc.IntegrityError:
             # A cached topic id may belong to a topic deleted elsewhere (ids are
             # never reused, so it cannot name another topic): look it up again.
             if self._topic_ids.pop(topic, None) is None:
                 raise
-            result = self._run(work)
-        if learned:
-            self._topic_ids[topic] = learned[-1]
-        return result
+            done = self._run_timed("", publish_op.publish, topic_id=None, **params)
+        self._apply(done.effects(topic))
+        return done.ids
+
+    def _apply(self, effects: Effects) -> None:
+        """After a transaction committed: what its operation left to do."""
+        effects.tally.apply(self._stats)
+        self._topic_ids.update(effects.topic_ids)
+        for topic in effects.wake:
+            self._wake(topic)
+        lonely = effects.no_channel
+        if lonely is not None and lonely not in _warned_no_channel:
+            _warned_no_channel.add(lonely)
+            self.log.warning(
+                "topic %s has no channel: its messages are kept (browsable, replayable) "
+                "but delivered to nobody; declare channels with ensure_channel() at deploy",
+                lonely,
+            )
 
     def _is_ours(self, conn: sa.Connection) -> bool:
         """Whether a caller's connection is on this client's database."""
@@ -436,86 +437,6 @@ class CoreClient:
             _migrate.require_current(probe)
         self._checked_engines.add(conn.engine)
 
-    def _write_messages(
-        self,
-        conn: sa.Connection,
-        topic: str,
-        topic_id: int,
-        rows: list[dict[str, Any]],
-        visible: int,
-    ) -> tuple[list[int], Counter[int], int]:
-        """Insert messages and their deliveries: the ids in order, the deliveries per
-        channel, and how many messages were stored (a repeated dedup key stores none)."""
-        for row in rows:
-            row["topic_id"] = topic_id
-        if all(row["dedup_key"] is None for row in rows):
-            fields = {k: v for k, v in rows[0].items() if k not in ("body", "dedup_key")}
-            new_ids: list[int] = []
-            counts: Counter[int] = Counter()
-            for chunk in _chunks(list(range(len(rows))), rows):
-                chunk_ids, chunk_counts = self._dialect.publish_plain(
-                    conn, topic, fields, [rows[i]["body"] for i in chunk], visible
-                )
-                new_ids += chunk_ids
-                counts.update(chunk_counts)
-            return new_ids, counts, len(new_ids)
-        ids: list[int | None] = [None] * len(rows)
-        fresh: list[int] = []  # ids of the messages really inserted
-        plain = [i for i, row in enumerate(rows) if row["dedup_key"] is None]
-        for chunk in _chunks(plain, rows):
-            for i, message_id in zip(
-                chunk,
-                self._dialect.insert_messages(conn, [rows[i] for i in chunk]),
-                strict=True,
-            ):
-                ids[i] = message_id
-                fresh.append(message_id)
-        for i, row in enumerate(rows):
-            if row["dedup_key"] is not None:
-                ids[i], inserted = self._insert_deduplicated(conn, row)
-                if inserted:
-                    fresh.append(ids[i])  # type: ignore[arg-type]
-        fanout: Counter[int] = Counter()
-        if fresh:
-            fanout.update(
-                self._dialect.fan_out(
-                    conn, topic, topic_id, fresh, visible, rows[0]["max_attempts"]
-                )
-            )
-        return [int(i) for i in ids if i is not None], fanout, len(fresh)
-
-    def _insert_deduplicated(self, conn: sa.Connection, row: dict[str, Any]) -> tuple[int, bool]:
-        # A locking read sees the latest committed row even when the caller's
-        # transaction is REPEATABLE READ (MySQL's default), whose snapshot may
-        # predate the winner's commit.
-        lookup = (
-            sa.select(messages.c.id)
-            .where(messages.c.topic_id == row["topic_id"], messages.c.dedup_key == row["dedup_key"])
-            .with_for_update(read=True)
-        )
-        for _ in range(5):
-            inserted = self._dialect.insert_deduplicated(conn, row)
-            if inserted is not None:
-                return inserted, True
-            existing = conn.execute(lookup).scalar_one_or_none()
-            if existing is not None:
-                return int(existing), False
-            # The holder of the key was purged in between: try the insert again.
-        raise RuntimeError(f"could not settle dedup_key {row['dedup_key']!r}")  # pragma: no cover
-
-    def _published(self, topic: str, done: _Published) -> None:
-        """After a publish commits: count deliveries and wake local consumers."""
-        if done.fanout:
-            self._stats.add("published", day_of(done.now), done.fanout)
-            self._wake(topic)
-        elif done.stored and topic not in _warned_no_channel:
-            _warned_no_channel.add(topic)
-            self.log.warning(
-                "topic %s has no channel: its messages are kept (browsable, replayable) "
-                "but delivered to nobody; declare channels with ensure_channel() at deploy",
-                topic,
-            )
-
     # -- local wake-ups (used by consumers) -----------------------------------------------
 
     def _add_waker(self, topic: str, waker: Callable[[], None]) -> None:
@@ -536,31 +457,6 @@ class CoreClient:
 
     # -- topology ---------------------------------------------------------------------
 
-    def _topic_id_in(self, conn: sa.Connection, topic: str) -> int:
-        """The id of ``topic`` as ``conn``'s transaction sees the latest commit,
-        creating the topic if it does not exist."""
-        lookup = self._dialect.read_latest(_topic_id)
-        found = conn.execute(lookup, {"p_topic": topic}).scalar_one_or_none()
-        if found is None:
-            self._dialect.insert_ignore(conn, topics, {"name": topic, "created_at": self._now()})
-            found = conn.execute(lookup, {"p_topic": topic}).scalar_one()
-        return int(found)
-
-    def _existing_topic_id(self, conn: sa.Connection, topic: str) -> int:
-        found = conn.execute(_topic_id, {"p_topic": topic}).scalar_one_or_none()
-        if found is None:
-            raise TopicNotFound(f"topic {topic!r} does not exist")
-        return int(found)
-
-    def _existing_channel_id(self, conn: sa.Connection, topic: str, channel: str) -> int:
-        found = conn.execute(
-            _channel_ids, {"p_topic": topic, "p_channel": channel}
-        ).scalar_one_or_none()
-        if found is None:
-            self._existing_topic_id(conn, topic)
-            raise ChannelNotFound(f"channel {channel!r} of topic {topic!r} does not exist")
-        return int(found)
-
     def _channel_id(self, topic: str, channel: str) -> int:
         """A channel's id for the hot path, cached (see :data:`CHANNEL_CACHE_S`)."""
         cached = self._channel_cache.get((topic, channel))
@@ -568,7 +464,7 @@ class CoreClient:
             return cached[0]
         self._ready()
         with self._dialect.engine.connect() as conn:
-            channel_id = self._existing_channel_id(conn, topic, channel)
+            channel_id = topology.channel_id(conn, self._dialect, topic, channel)
         self._channel_cache[(topic, channel)] = (channel_id, time.monotonic())
         return channel_id
 
@@ -581,7 +477,7 @@ class CoreClient:
     def ensure_topic(self, topic: str) -> None:
         """Create ``topic`` if it does not exist."""
         _validate.name(topic, "topic")
-        self._run(lambda conn: self._topic_id_in(conn, topic))
+        self._run_timed("", topology.ensure_topic, topic)
 
     def ensure_channel(
         self,
@@ -604,48 +500,12 @@ class CoreClient:
             age_us = _validate.dead_max_age_us(dead_max_age)
         if dead_max_count is not None:
             _validate.dead_max_count(dead_max_count)
-
-        def write(conn: sa.Connection) -> None:
-            topic_id = self._topic_id_in(conn, topic)
-            self._dialect.insert_ignore(
-                conn,
-                channels,
-                {
-                    "topic_id": topic_id,
-                    "name": channel,
-                    "created_at": self._now(),
-                    "dead_max_age": age_us,
-                    "dead_max_count": dead_max_count,
-                },
-            )
-            bounds = {
-                k: v
-                for k, v in (("dead_max_age", age_us), ("dead_max_count", dead_max_count))
-                if v is not None
-            }
-            if bounds:
-                conn.execute(
-                    sa.update(channels)
-                    .where(channels.c.topic_id == topic_id, channels.c.name == channel)
-                    .values(bounds)
-                )
-
-        self._run(write)
+        self._run_timed("", topology.ensure_channel, topic, channel, age_us, dead_max_count)
 
     def delete_topic(self, topic: str) -> None:
         """Delete ``topic`` with its channels, messages, deliveries and counters."""
         _validate.name(topic, "topic")
-
-        def write(conn: sa.Connection) -> None:
-            topic_id = self._existing_topic_id(conn, topic)
-            channel_ids = sa.select(channels.c.id).where(channels.c.topic_id == topic_id)
-            conn.execute(sa.delete(stats).where(stats.c.channel_id.in_(channel_ids)))
-            conn.execute(sa.delete(d).where(d.c.channel_id.in_(channel_ids)))
-            conn.execute(sa.delete(messages).where(messages.c.topic_id == topic_id))
-            conn.execute(sa.delete(channels).where(channels.c.topic_id == topic_id))
-            conn.execute(sa.delete(topics).where(topics.c.id == topic_id))
-
-        self._run(write)
+        self._run_op("", topology.delete_topic, topic)
         self._forget(topic)
         self.log.info("deleted topic %s", topic)
 
@@ -653,14 +513,7 @@ class CoreClient:
         """Delete a channel with its deliveries and counters; messages stay."""
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
-
-        def write(conn: sa.Connection) -> None:
-            channel_id = self._existing_channel_id(conn, topic, channel)
-            conn.execute(sa.delete(stats).where(stats.c.channel_id == channel_id))
-            conn.execute(sa.delete(d).where(d.c.channel_id == channel_id))
-            conn.execute(sa.delete(channels).where(channels.c.id == channel_id))
-
-        self._run(write)
+        self._run_op("", topology.delete_channel, topic, channel)
         self._forget(topic, channel)
         self.log.info("deleted channel %s/%s", topic, channel)
 
@@ -672,27 +525,12 @@ class CoreClient:
 
     def list_topics(self) -> list[str]:
         """Every topic's name, sorted."""
-        rows = self._run(
-            lambda conn: conn.execute(sa.select(topics.c.name).order_by(topics.c.name)).all()
-        )
-        return [r[0] for r in rows]
+        return self._run_op("", topology.list_topics)
 
     def list_channels(self, topic: str) -> list[str]:
         """The channel names of ``topic``, sorted; :class:`TopicNotFound` if missing."""
         _validate.name(topic, "topic")
-
-        def read(conn: sa.Connection) -> list[str]:
-            topic_id = self._existing_topic_id(conn, topic)
-            return [
-                r[0]
-                for r in conn.execute(
-                    sa.select(channels.c.name)
-                    .where(channels.c.topic_id == topic_id)
-                    .order_by(channels.c.name)
-                )
-            ]
-
-        return self._run(read)
+        return self._run_op("", topology.list_channels, topic)
 
     # -- low-level consuming ------------------------------------------------------------
 
@@ -1094,7 +932,7 @@ class CoreClient:
         taken = self._stats.take()
         if not taken:
             return
-        rows = _stats_rows(taken)
+        rows = maintain.stats_rows(taken)
 
         def write(conn: sa.Connection) -> None:
             alive = {
@@ -1124,45 +962,6 @@ class CoreClient:
             lambda conn: conn.execute(sa.delete(stats).where(stats.c.day < first_kept)).rowcount
         )
         return result
-
-
-#: Largest batch of bodies sent in one INSERT. PyMySQL sends bodies escaped
-#: into the statement text (up to twice their size), and MariaDB's default
-#: ``max_allowed_packet`` is 16 MiB: 4 MiB batches fit with room to spare.
-INSERT_BATCH_BYTES = 4 * 1024 * 1024
-INSERT_BATCH_ROWS = 1000
-
-
-def _chunks(indexes: list[int], rows: list[dict[str, Any]]) -> Iterator[list[int]]:
-    """Split row indexes into batches bounded in rows and in body bytes."""
-    chunk: list[int] = []
-    size = 0
-    for i in indexes:
-        length = len(rows[i]["body"])
-        if chunk and (size + length > INSERT_BATCH_BYTES or len(chunk) >= INSERT_BATCH_ROWS):
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(i)
-        size += length
-    if chunk:
-        yield chunk
-
-
-def _stats_rows(
-    deltas: dict[tuple[int, date], Any], only: str | None = None
-) -> list[dict[str, Any]]:
-    """Rows for :meth:`Dialect.upsert_stats`: ``deltas`` maps (channel, day) to the
-    counter values in :data:`COUNTER_COLUMNS` order, or, with ``only``, to the
-    count of that one counter."""
-    rows = []
-    for (channel_id, day), values in sorted(deltas.items()):
-        counts = (
-            dict(zip(COUNTER_COLUMNS, values, strict=True))
-            if only is None
-            else {c: values if c == only else 0 for c in COUNTER_COLUMNS}
-        )
-        rows.append({"channel_id": channel_id, "day": day, **counts})
-    return rows
 
 
 def _lost_text(msg: Message) -> str:

@@ -36,6 +36,7 @@ from novaque.models import (
     DeliveryState,
     MessageInfo,
 )
+from novaque.ops import topology
 from novaque.options import seconds
 from novaque.schema import (
     COUNTER_COLUMNS,
@@ -288,7 +289,7 @@ class OperatingClient(CoreClient):
         _validate.name(channel, "channel")
 
         def read(conn: sa.Connection) -> Counters:
-            channel_id = self._existing_channel_id(conn, topic, channel)
+            channel_id = topology.existing_channel_id(conn, topic, channel)
             stmt = _window(sa.select(*_sums).where(stats.c.channel_id == channel_id), first, last)
             return _counters(conn.execute(stmt).one())
 
@@ -306,7 +307,7 @@ class OperatingClient(CoreClient):
         _validate.name(topic, "topic")
 
         def read(conn: sa.Connection) -> Counters:
-            topic_id = self._existing_topic_id(conn, topic)
+            topic_id = topology.existing_topic_id(conn, topic)
             stmt = _window(
                 sa.select(*_sums).where(stats.c.channel_id.in_(_channels_of)), first, last
             )
@@ -331,7 +332,7 @@ class OperatingClient(CoreClient):
         _validate.name(channel, "channel")
 
         def read(conn: sa.Connection) -> list[tuple[date, Counters]]:
-            channel_id = self._existing_channel_id(conn, topic, channel)
+            channel_id = topology.existing_channel_id(conn, topic, channel)
             stmt = _window(
                 sa.select(stats.c.day, *(stats.c[col] for col in COUNTER_COLUMNS))
                 .where(stats.c.channel_id == channel_id)
@@ -359,7 +360,7 @@ class OperatingClient(CoreClient):
         _validate.name(channel, "channel")
 
         def read(conn: sa.Connection) -> Backlog:
-            channel_id = self._existing_channel_id(conn, topic, channel)
+            channel_id = topology.existing_channel_id(conn, topic, channel)
             row = conn.execute(BACKLOG, {"p_channel": channel_id, "p_now": self._now()}).one()
             return Backlog(*(int(n) for n in row[2:]))
 
@@ -375,7 +376,7 @@ class OperatingClient(CoreClient):
         _validate.name(topic, "topic")
 
         def read(conn: sa.Connection) -> dict[str, Backlog]:
-            topic_id = self._existing_topic_id(conn, topic)
+            topic_id = topology.existing_topic_id(conn, topic)
             rows = conn.execute(_TOPIC_BACKLOG, {"p_topic_id": topic_id, "p_now": self._now()})
             return {row[1]: Backlog(*(int(n) for n in row[2:])) for row in rows}
 
@@ -405,7 +406,7 @@ class OperatingClient(CoreClient):
         stmt = _DEAD_PAGE_BODIES if with_body else DEAD_PAGE
 
         def read(conn: sa.Connection) -> list[DeadLetter]:
-            channel_id = self._existing_channel_id(conn, topic, channel)
+            channel_id = topology.existing_channel_id(conn, topic, channel)
             rows = conn.execute(
                 stmt, {"p_channel": channel_id, "p_after": after, "p_limit": page}
             ).all()
@@ -483,7 +484,7 @@ class OperatingClient(CoreClient):
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
         batch = self.options.maintenance_batch
-        channel_id = self._run(lambda conn: self._existing_channel_id(conn, topic, channel))
+        channel_id = self._run(lambda conn: topology.existing_channel_id(conn, topic, channel))
         total = 0
         if wanted is not None:
             for i in range(0, len(wanted), batch):
@@ -691,7 +692,7 @@ class OperatingClient(CoreClient):
             params["p_until"] = to_us(_validate.moment(until, "until"))
 
         def read(conn: sa.Connection) -> list[MessageInfo]:
-            params["p_topic_id"] = self._existing_topic_id(conn, topic)
+            params["p_topic_id"] = topology.existing_topic_id(conn, topic)
             rows = conn.execute(stmt, params).all()
             ids = [int(r[0]) for r in rows]
             return self._with_deliveries(
@@ -788,7 +789,7 @@ class OperatingClient(CoreClient):
         names = None if channels is None else _validate.names(channels, "channel")
 
         def write(conn: sa.Connection, tally: Tally) -> int:
-            topic_id = self._existing_topic_id(conn, topic)
+            topic_id = topology.existing_topic_id(conn, topic)
             channel_ids = self._replay_channels(conn, topic, topic_id, names)
             created = 0
             pub, last_id = first - 1, 0
