@@ -26,7 +26,7 @@ from novaque.errors import (
     LeaseLost,
 )
 from novaque.models import Message
-from novaque.ops import Effects, maintain, topology
+from novaque.ops import Effects, consume, maintain, topology
 from novaque.ops import publish as publish_op
 from novaque.options import Duration, Options, check_int, seconds
 from novaque.schema import (
@@ -71,48 +71,6 @@ MAX_CLAIM = 1000
 CHANNEL_CACHE_S = 5.0
 #: How often the server clock is sampled again (at most once per maintenance pass).
 CLOCK_SAMPLE_S = 60.0
-
-_requeue = (
-    sa.update(d)
-    .where(d.c.id == sa.bindparam("p_id"), d.c.lease_token == sa.bindparam("p_token"))
-    .values(
-        state=STATE_READY,
-        visible_at=sa.bindparam("p_visible"),
-        lease_token=None,
-        last_error=sa.bindparam("p_error"),
-    )
-)
-# An explicit delay must leave the retry due before the message expires.
-_requeue_before_expiry = _requeue.where(
-    sa.select(messages.c.expires_at).where(messages.c.id == d.c.message_id).scalar_subquery()
-    > sa.bindparam("p_visible")
-)
-_expiry_if_leased = (
-    sa.select(messages.c.expires_at)
-    .join_from(d, messages, messages.c.id == d.c.message_id)
-    .where(d.c.id == sa.bindparam("p_id"), d.c.lease_token == sa.bindparam("p_token"))
-)
-_kill = (
-    sa.update(d)
-    .where(d.c.id == sa.bindparam("p_id"), d.c.lease_token == sa.bindparam("p_token"))
-    .values(
-        state=STATE_DEAD,
-        visible_at=DEAD_VISIBLE_AT,
-        lease_token=None,
-        last_error=sa.func.coalesce(sa.bindparam("p_error", type_=sa.Text), d.c.last_error),
-        dead_reason=sa.bindparam("p_reason"),
-        died_at=sa.bindparam("p_now"),
-    )
-)
-_renew = (
-    sa.update(d)
-    .where(
-        d.c.id == sa.bindparam("p_id"),
-        d.c.lease_token == sa.bindparam("p_token"),
-        d.c.state == STATE_LEASED,
-    )
-    .values(visible_at=sa.bindparam("p_until"))
-)
 
 
 class CoreClient:
@@ -560,19 +518,14 @@ class CoreClient:
         self, topic: str, channel: str, channel_id: int, limit: int, lease_s: float
     ) -> list[Message]:
         token = secrets.token_hex(16)
-        holder: dict[str, int] = {}
-
-        def write(conn: sa.Connection) -> list[_dialect.ClaimedRow]:
-            now = self._now()
-            holder["now"], holder["until"] = now, now + int(lease_s * US)
-            return self._dialect.claim(conn, channel_id, limit, now, holder["until"], token)
-
-        rows = self._run(write, op="claim")
+        rows, until, effects = self._run_timed(
+            "claim", consume.claim, channel_id, limit, int(lease_s * US), token
+        )
         if not rows:
             self._channel_maybe_gone(topic, channel)
             return []
-        self._stats.add("claimed", day_of(holder["now"]), {channel_id: len(rows)})
-        return self._messages(rows, topic, channel, channel_id, token, holder["until"])
+        self._apply(effects)
+        return consume.messages_of(rows, topic, channel, channel_id, token, until)
 
     def _ack_and_claim(
         self,
@@ -594,56 +547,14 @@ class CoreClient:
         if limit <= 0:
             return self.ack_many(acks), []
         token = secrets.token_hex(16)
-        pairs = [(msg.delivery_id, msg.lease_token) for msg in acks]
-        holder: dict[str, int] = {}
-
-        def write(
-            conn: sa.Connection,
-        ) -> tuple[set[tuple[int, str]], list[_dialect.ClaimedRow]]:
-            now = self._now()
-            holder["now"], holder["until"] = now, now + int(lease_s * US)
-            return self._dialect.ack_and_claim(
-                conn, pairs, channel_id, limit, now, holder["until"], token
-            )
-
-        done, rows = self._run(write, op="ack_claim")
-        day = day_of(holder["now"])
-        acked = [msg for msg in acks if (msg.delivery_id, msg.lease_token) in done]
-        self._stats.add("acked", day, Counter(msg.channel_id for msg in acked))
-        lost = [msg for msg in acks if (msg.delivery_id, msg.lease_token) not in done]
+        lost, rows, until, effects = self._run_timed(
+            "ack_claim", consume.ack_and_claim, acks, channel_id, limit, int(lease_s * US), token
+        )
+        self._apply(effects)
         if not rows:
             self._channel_maybe_gone(topic, channel)
             return lost, []
-        self._stats.add("claimed", day, {channel_id: len(rows)})
-        return lost, self._messages(rows, topic, channel, channel_id, token, holder["until"])
-
-    def _messages(
-        self,
-        rows: list[_dialect.ClaimedRow],
-        topic: str,
-        channel: str,
-        channel_id: int,
-        token: str,
-        until: int,
-    ) -> list[Message]:
-        expires = from_us(until)
-        return [
-            Message(
-                id=row.message_id,
-                topic=topic,
-                channel=channel,
-                body=row.body,
-                headers=_validate.decode_headers(row.headers),
-                attempts=row.attempts,
-                max_attempts=row.max_attempts,
-                published_at=from_us(row.published_at),
-                delivery_id=row.delivery_id,
-                lease_token=token,
-                lease_expires_at=expires,
-                channel_id=channel_id,
-            )
-            for row in rows
-        ]
+        return lost, consume.messages_of(rows, topic, channel, channel_id, token, until)
 
     def ack(self, msg: Message) -> None:
         """Settle ``msg`` as done: its delivery is deleted (the message stays until TTL).
@@ -657,15 +568,9 @@ class CoreClient:
         """Ack many messages in one transaction; return those whose lease was lost."""
         if not msgs:
             return []
-        pairs = [(msg.delivery_id, msg.lease_token) for msg in msgs]
-
-        def write(conn: sa.Connection) -> tuple[set[tuple[int, str]], int]:
-            return self._dialect.delete_leased_pairs(conn, pairs), self._now()
-
-        done, now = self._run(write, op="ack")
-        acked = [msg for msg in msgs if (msg.delivery_id, msg.lease_token) in done]
-        self._stats.add("acked", day_of(now), Counter(msg.channel_id for msg in acked))
-        return [msg for msg in msgs if (msg.delivery_id, msg.lease_token) not in done]
+        lost, effects = self._run_timed("ack", consume.ack, msgs)
+        self._apply(effects)
+        return lost
 
     def requeue(
         self,
@@ -704,36 +609,19 @@ class CoreClient:
         if msg.attempts >= msg.max_attempts:
             self._bury(msg, "max_attempts", error)
             return
-
-        def write(conn: sa.Connection) -> tuple[int, int]:
-            now = self._now()
-            result = conn.execute(
-                _requeue_before_expiry if within_ttl else _requeue,
-                {
-                    "p_id": msg.delivery_id,
-                    "p_token": msg.lease_token,
-                    "p_visible": now + int(delay_s * US),
-                    "p_error": error,
-                },
-            )
-            return result.rowcount, now
-
-        changed, now = self._run(write, op="settle")
+        changed, effects = self._run_timed(
+            "settle", consume.requeue, msg, int(delay_s * US), error, within_ttl
+        )
         if not changed:
             if within_ttl:
                 self._refuse_past_expiry(msg, delay_s)
             raise LeaseLost(_lost_text(msg))
-        self._stats.add("requeued", day_of(now), {msg.channel_id: 1})
+        self._apply(effects)
 
     def _refuse_past_expiry(self, msg: Message, delay_s: float) -> None:
         """After a requeue that changed nothing: InvalidOption if the lease is
         still current (so the expiry refused the delay); else return."""
-
-        def read(conn: sa.Connection) -> tuple[int | None, int]:
-            params = {"p_id": msg.delivery_id, "p_token": msg.lease_token}
-            return conn.execute(_expiry_if_leased, params).scalar_one_or_none(), self._now()
-
-        expires, now = self._run(read)
+        expires, now = self._run_timed("", consume.expiry_if_leased, msg)
         if expires is not None:
             raise InvalidOption(
                 f"delay is {delay_s:.15g} s but message {msg.id} expires at "
@@ -750,24 +638,10 @@ class CoreClient:
         self._bury(msg, _validate.reason(reason), None)
 
     def _bury(self, msg: Message, reason: str, error: str | None) -> None:
-        def write(conn: sa.Connection) -> tuple[int, int]:
-            now = self._now()
-            result = conn.execute(
-                _kill,
-                {
-                    "p_id": msg.delivery_id,
-                    "p_token": msg.lease_token,
-                    "p_error": error,
-                    "p_reason": reason,
-                    "p_now": now,
-                },
-            )
-            return result.rowcount, now
-
-        changed, now = self._run(write, op="settle")
+        changed, effects = self._run_timed("settle", consume.kill, msg, reason, error)
         if not changed:
             raise LeaseLost(_lost_text(msg))
-        self._stats.add("dead", day_of(now), {msg.channel_id: 1})
+        self._apply(effects)
 
     def renew(self, msg: Message, *, lease: Duration | None = None) -> Any:
         """Extend ``msg``'s lease to ``lease`` from now (default ``Options.default_lease``).
@@ -776,21 +650,8 @@ class CoreClient:
         expiry. Raises :class:`LeaseLost` if the lease is no longer current.
         """
         lease_s = _validate.lease(lease, self._default_lease)
-
-        def write(conn: sa.Connection) -> tuple[int, int]:
-            until = self._now() + int(lease_s * US)
-            result = conn.execute(
-                _renew,
-                {
-                    "p_id": msg.delivery_id,
-                    "p_token": msg.lease_token,
-                    "p_until": until,
-                },
-            )
-            return result.rowcount, until
-
-        changed, until = self._run(write, op="settle")
-        if not changed:
+        until = self._run_timed("settle", consume.renew, msg, int(lease_s * US))
+        if until is None:
             raise LeaseLost(_lost_text(msg))
         msg.lease_expires_at = from_us(until)
         return msg.lease_expires_at
