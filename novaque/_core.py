@@ -10,7 +10,6 @@ import secrets
 import threading
 import time
 import weakref
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -19,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from novaque import _dialect, _migrate, _validate
-from novaque._stats import StatsBuffer, Tally
+from novaque._stats import StatsBuffer
 from novaque._time import US, Clock, day_of, from_us
 from novaque.errors import (
     InvalidOption,
@@ -30,14 +29,7 @@ from novaque.ops import Effects, consume, maintain, topology
 from novaque.ops import publish as publish_op
 from novaque.options import Duration, Options, check_int, seconds
 from novaque.schema import (
-    DEAD_VISIBLE_AT,
-    STATE_DEAD,
-    STATE_LEASED,
-    STATE_READY,
-    channels,
     deliveries,
-    messages,
-    stats,
 )
 
 __all__ = ["CoreClient"]
@@ -188,18 +180,6 @@ class CoreClient:
         """Like :meth:`_run_op`, passing ``fn`` the time of each attempt (a retried
         transaction runs at the time it is retried)."""
         return self._run(lambda conn: fn(conn, self._dialect, self._now(), *args, **kwargs), op=op)
-
-    def _run_counted(self, fn: Callable[[sa.Connection, Tally], T]) -> T:
-        """Like :meth:`_run`; counters ``fn`` records count once the transaction commits."""
-        tallies: list[Tally] = []
-
-        def attempt(conn: sa.Connection) -> T:
-            tallies.append(Tally())
-            return fn(conn, tallies[-1])
-
-        result = self._run(attempt)
-        tallies[-1].apply(self._stats)
-        return result
 
     # -- publishing -----------------------------------------------------------------
 
@@ -693,55 +673,13 @@ class CoreClient:
         batch = self.options.maintenance_batch
         total = 0
         while True:
-            changed = self._run_counted(lambda conn, tally: self._reap_batch(conn, tally, batch))
-            total += changed
-            if changed < batch:
+            seen, changed, effects = self._run_timed("", maintain.reap_batch, batch)
+            self._apply(effects)
+            if changed:
+                self.log.debug("reaped %d expired leases", changed)
+            total += seen
+            if seen < batch:
                 return total
-
-    def _reap_batch(self, conn: sa.Connection, tally: Tally, batch: int) -> int:
-        now = self._now()
-        expired = conn.execute(
-            sa.select(d.c.id, d.c.channel_id, d.c.attempts >= d.c.max_attempts)
-            .join_from(
-                channels,
-                d,
-                sa.and_(
-                    d.c.channel_id == channels.c.id,
-                    d.c.state == STATE_LEASED,
-                    d.c.visible_at <= now,
-                ),
-            )
-            .order_by(d.c.id)
-            .limit(batch)
-        ).all()
-        groups: dict[tuple[int, bool], list[int]] = {}
-        for delivery_id, channel_id, spent in expired:
-            groups.setdefault((int(channel_id), bool(spent)), []).append(int(delivery_id))
-        leased_expired = sa.and_(d.c.state == STATE_LEASED, d.c.visible_at <= now)
-        dead: Counter[int] = Counter()
-        changed = 0
-        for (channel_id, spent), ids in sorted(groups.items()):
-            if spent:
-                values: dict[str, Any] = {
-                    "state": STATE_DEAD,
-                    "visible_at": DEAD_VISIBLE_AT,
-                    "lease_token": None,
-                    "dead_reason": "max_attempts",
-                    "died_at": now,
-                    "last_error": sa.func.coalesce(d.c.last_error, "lease expired"),
-                }
-            else:
-                values = {"state": STATE_READY, "visible_at": now, "lease_token": None}
-            count = conn.execute(
-                sa.update(d).where(d.c.id.in_(ids), leased_expired).values(values)
-            ).rowcount
-            changed += count
-            if spent:
-                dead[channel_id] += count
-        tally.add("dead", day_of(now), dead)
-        if changed:
-            self.log.debug("reaped %d expired leases", changed)
-        return len(expired)
 
     def purge_expired(self) -> int:
         """Delete messages past their TTL with all their deliveries (dead included).
@@ -752,37 +690,11 @@ class CoreClient:
         batch = self.options.maintenance_batch
         total = 0
         while True:
-            deleted = self._run_counted(lambda conn, tally: self._purge_batch(conn, tally, batch))
+            deleted, effects = self._run_timed("", maintain.purge_batch, batch)
+            self._apply(effects)
             total += deleted
             if deleted < batch:
                 return total
-
-    def _purge_batch(self, conn: sa.Connection, tally: Tally, batch: int) -> int:
-        now = self._now()
-        # Locked (skipping messages another purge or a replay holds), and the
-        # expiry checked on the latest committed row: a replay that has just
-        # extended a message's life keeps it, and its new delivery with it.
-        ids = [
-            int(r[0])
-            for r in conn.execute(
-                sa.select(messages.c.id)
-                .where(messages.c.expires_at <= now)
-                .order_by(messages.c.expires_at, messages.c.id)
-                .limit(batch)
-                .with_for_update(skip_locked=True)
-            )
-        ]
-        if not ids:
-            return 0
-        purged = self._dialect.delete_deliveries(conn, d.c.message_id.in_(ids))
-        self._count_purged(purged, now, tally)
-        conn.execute(sa.delete(messages).where(messages.c.id.in_(ids)))
-        return len(ids)
-
-    def _count_purged(self, channel_ids: list[int], now: int, tally: Tally | None = None) -> None:
-        """Count deleted deliveries as purged: in ``tally`` (at commit), else at once."""
-        if channel_ids:
-            (tally or self._stats).add("purged", day_of(now), Counter(channel_ids))
 
     def flush_stats(self) -> None:
         """Write the buffered counter deltas to the database now.
@@ -793,24 +705,8 @@ class CoreClient:
         taken = self._stats.take()
         if not taken:
             return
-        rows = maintain.stats_rows(taken)
-
-        def write(conn: sa.Connection) -> None:
-            alive = {
-                int(r[0])
-                for r in conn.execute(
-                    sa.select(channels.c.id).where(
-                        channels.c.id.in_({row["channel_id"] for row in rows})
-                    )
-                )
-            }
-            # Counters of channels deleted since are dropped with them.
-            kept = [row for row in rows if row["channel_id"] in alive]
-            if kept:
-                self._dialect.upsert_stats(conn, kept)
-
         try:
-            self._run(write)
+            self._run_op("", maintain.flush_stats, maintain.stats_rows(taken))
         except BaseException:
             self._stats.give_back(taken)
             raise
@@ -819,10 +715,7 @@ class CoreClient:
         """Delete day buckets older than ``Options.stats_retention_days``; return how many."""
         today = day_of(self._now())
         first_kept = today - timedelta(days=self.options.stats_retention_days - 1)
-        result: int = self._run(
-            lambda conn: conn.execute(sa.delete(stats).where(stats.c.day < first_kept)).rowcount
-        )
-        return result
+        return self._run_op("", maintain.prune_stats, first_kept)
 
 
 def _lost_text(msg: Message) -> str:
