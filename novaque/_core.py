@@ -25,7 +25,7 @@ from novaque.errors import (
     LeaseLost,
 )
 from novaque.models import Message
-from novaque.ops import Effects, consume, maintain, topology
+from novaque.ops import Batch, Effects, consume, maintain, topology
 from novaque.ops import publish as publish_op
 from novaque.options import Duration, Options, check_int, seconds
 from novaque.schema import (
@@ -167,7 +167,7 @@ class CoreClient:
     ) -> T:
         """Run the operation ``fn`` with ``args`` in one of novaque's transactions
         (``op``: as for :meth:`_run`)."""
-        return self._run(lambda conn: fn(conn, self._dialect, *args, **kwargs), op=op)
+        return self._run_named(op, lambda conn: fn(conn, self._dialect, *args, **kwargs))
 
     def _run_timed(
         self,
@@ -179,7 +179,32 @@ class CoreClient:
     ) -> T:
         """Like :meth:`_run_op`, passing ``fn`` the time of each attempt (a retried
         transaction runs at the time it is retried)."""
-        return self._run(lambda conn: fn(conn, self._dialect, self._now(), *args, **kwargs), op=op)
+        return self._run_named(
+            op, lambda conn: fn(conn, self._dialect, self._now(), *args, **kwargs)
+        )
+
+    def _run_named(self, op: str, work: Callable[[sa.Connection], T]) -> T:
+        # Only a hot-path operation names itself, as the calls of :meth:`_run` always did.
+        return self._run(work, op=op) if op else self._run(work)
+
+    def _in_batches(
+        self,
+        fn: Callable[Concatenate[sa.Connection, _dialect.Dialect, int, P], Batch],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> int:
+        """Run the batch operation ``fn`` (its result: how many rows it saw, how
+        many it changed, its effects) in transactions of its own until a batch
+        sees fewer than ``Options.maintenance_batch`` rows; return how many it
+        changed in all."""
+        total = 0
+        while True:
+            seen, changed, effects = self._run_timed("", fn, *args, **kwargs)
+            self._apply(effects)
+            total += changed
+            if seen < self.options.maintenance_batch:
+                return total
 
     # -- publishing -----------------------------------------------------------------
 
@@ -687,14 +712,7 @@ class CoreClient:
         Works in batches of ``Options.maintenance_batch``; returns how many
         messages it deleted.
         """
-        batch = self.options.maintenance_batch
-        total = 0
-        while True:
-            deleted, effects = self._run_timed("", maintain.purge_batch, batch)
-            self._apply(effects)
-            total += deleted
-            if deleted < batch:
-                return total
+        return self._in_batches(maintain.purge_batch, self.options.maintenance_batch)
 
     def flush_stats(self) -> None:
         """Write the buffered counter deltas to the database now.

@@ -235,15 +235,7 @@ class OperatingClient(CoreClient):
 
     def _retire_older(self, channel_id: int, max_age_us: int) -> int:
         batch = self.options.maintenance_batch
-        total = 0
-        while True:
-            seen, deleted, effects = self._run_timed(
-                "", maintain.retire_older_batch, channel_id, max_age_us, batch
-            )
-            self._apply(effects)
-            total += deleted
-            if seen < batch:
-                return total
+        return self._in_batches(maintain.retire_older_batch, channel_id, max_age_us, batch)
 
     def _retire_beyond(self, channel_id: int, keep: int) -> int:
         """Delete all but the newest ``keep`` dead letters (by died_at), oldest first.
@@ -255,15 +247,7 @@ class OperatingClient(CoreClient):
         if edge is None:
             return 0
         batch = self.options.maintenance_batch
-        total = 0
-        while True:
-            seen, deleted, effects = self._run_timed(
-                "", maintain.retire_beyond_batch, channel_id, edge, batch
-            )
-            self._apply(effects)
-            total += deleted
-            if seen < batch:
-                return total
+        return self._in_batches(maintain.retire_beyond_batch, channel_id, edge, batch)
 
     # -- browsing -------------------------------------------------------------------------------
 
@@ -357,16 +341,9 @@ class OperatingClient(CoreClient):
         if dry_run:
             return self._run_op("", browse.prune_count, topic_ids, cutoff)
         batch = self.options.maintenance_batch
-        total = 0
-        for topic_id in topic_ids:
-            while True:
-                seen, deleted, effects = self._run_timed(
-                    "", browse.prune_batch, topic_id, cutoff, batch
-                )
-                self._apply(effects)
-                total += deleted
-                if seen < batch:
-                    break
+        total = sum(
+            self._in_batches(browse.prune_batch, topic_id, cutoff, batch) for topic_id in topic_ids
+        )
         if total:
             self.log.info("pruned %d messages published before %s", total, before.isoformat())
         return total

@@ -15,7 +15,7 @@ import dataclasses
 
 from novaque._stats import Tally
 
-__all__ = ["Effects"]
+__all__ = ["Batch", "Effects"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,3 +32,8 @@ class Effects:
     wake: tuple[str, ...] = ()
     topic_ids: tuple[tuple[str, int], ...] = ()
     no_channel: str | None = None
+
+
+#: What a batch operation returns: how many rows it saw (a batch that sees fewer
+#: than its size is the last), how many it changed, and its effects.
+Batch = tuple[int, int, Effects]

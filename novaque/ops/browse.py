@@ -21,7 +21,7 @@ from novaque.models import (
     DeliveryState,
     MessageInfo,
 )
-from novaque.ops import Effects, _sql
+from novaque.ops import Batch, Effects, _sql
 from novaque.ops.maintain import count_purged, delete_dead_rows
 from novaque.ops.topology import existing_channel_id, existing_topic_id
 from novaque.schema import (
@@ -424,7 +424,7 @@ def prune_batch(
     topic_id: int,
     cutoff: int,
     batch: int,
-) -> tuple[int, int, Effects]:
+) -> Batch:
     """Delete up to ``batch`` messages of ``topic_id`` published before ``cutoff``
     with their deliveries: (seen, deleted, the purged to count)."""
     tally = Tally()

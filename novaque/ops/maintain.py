@@ -1,4 +1,4 @@
-"""Maintenance: the lease reaper, TTL purge, stats flush and prune."""
+"""Maintenance: the lease reaper, TTL purge, dead-letter retention, stats flush and prune."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from novaque import _dialect
 from novaque._stats import Tally
 from novaque._time import day_of
-from novaque.ops import Effects, _sql
+from novaque.ops import Batch, Effects, _sql
 from novaque.schema import (
     COUNTER_COLUMNS,
     DEAD_VISIBLE_AT,
@@ -67,9 +67,7 @@ def delete_dead_rows(
 # -- the lease reaper -------------------------------------------------------------------
 
 
-def reap_batch(
-    conn: sa.Connection, dialect: _dialect.Dialect, now: int, batch: int
-) -> tuple[int, int, Effects]:
+def reap_batch(conn: sa.Connection, dialect: _dialect.Dialect, now: int, batch: int) -> Batch:
     """Release up to ``batch`` expired leases (dead-letter those out of attempts):
     how many expired leases were found, how many deliveries changed, and the
     deaths to count."""
@@ -119,11 +117,9 @@ def reap_batch(
 # -- TTL purge --------------------------------------------------------------------------
 
 
-def purge_batch(
-    conn: sa.Connection, dialect: _dialect.Dialect, now: int, batch: int
-) -> tuple[int, Effects]:
+def purge_batch(conn: sa.Connection, dialect: _dialect.Dialect, now: int, batch: int) -> Batch:
     """Delete up to ``batch`` messages past their TTL with their deliveries: how
-    many, and the purged deliveries to count."""
+    many (twice: seen and deleted), and the purged deliveries to count."""
     tally = Tally()
     # Locked (skipping messages another purge or a replay holds), and the
     # expiry checked on the latest committed row: a replay that has just
@@ -139,11 +135,11 @@ def purge_batch(
         )
     ]
     if not ids:
-        return 0, Effects(tally=tally)
+        return 0, 0, Effects(tally=tally)
     purged = dialect.delete_deliveries(conn, d.c.message_id.in_(ids))
     count_purged(purged, now, tally)
     conn.execute(sa.delete(messages).where(messages.c.id.in_(ids)))
-    return len(ids), Effects(tally=tally)
+    return len(ids), len(ids), Effects(tally=tally)
 
 
 # -- dead-letter retention --------------------------------------------------------------
@@ -171,7 +167,7 @@ def retire_older_batch(
     channel_id: int,
     max_age_us: int,
     batch: int,
-) -> tuple[int, int, Effects]:
+) -> Batch:
     """Delete up to ``batch`` dead letters that died over ``max_age_us`` ago: how
     many were found, how many deleted, and the purged to count."""
     params = {"p_channel": channel_id, "p_cutoff": now - max_age_us, "p_limit": batch}
@@ -202,7 +198,7 @@ def retire_beyond_batch(
     channel_id: int,
     edge: tuple[int, int],
     batch: int,
-) -> tuple[int, int, Effects]:
+) -> Batch:
     """Delete up to ``batch`` dead letters older than ``edge`` (see
     :func:`dead_boundary`): how many were found, how many deleted, and the
     purged to count."""
