@@ -10,36 +10,26 @@ import secrets
 import threading
 import time
 import weakref
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from datetime import date, timedelta
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Sequence
+from datetime import timedelta
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from novaque import _dialect, _migrate, _validate
-from novaque._stats import StatsBuffer, Tally
+from novaque._stats import StatsBuffer
 from novaque._time import US, Clock, day_of, from_us
 from novaque.errors import (
-    ChannelNotFound,
     InvalidOption,
     LeaseLost,
-    TopicNotFound,
 )
 from novaque.models import Message
+from novaque.ops import Batch, Effects, consume, maintain, topology
+from novaque.ops import publish as publish_op
 from novaque.options import Duration, Options, check_int, seconds
 from novaque.schema import (
-    COUNTER_COLUMNS,
-    DEAD_VISIBLE_AT,
-    STATE_DEAD,
-    STATE_LEASED,
-    STATE_READY,
-    channels,
     deliveries,
-    messages,
-    stats,
-    topics,
 )
 
 __all__ = ["CoreClient"]
@@ -65,6 +55,7 @@ def _flush_at_exit() -> None:
 
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 d = deliveries
 MAX_CLAIM = 1000
@@ -72,62 +63,6 @@ MAX_CLAIM = 1000
 CHANNEL_CACHE_S = 5.0
 #: How often the server clock is sampled again (at most once per maintenance pass).
 CLOCK_SAMPLE_S = 60.0
-
-_channel_ids = (
-    sa.select(channels.c.id)
-    .join_from(channels, topics, channels.c.topic_id == topics.c.id)
-    .where(topics.c.name == sa.bindparam("p_topic"), channels.c.name == sa.bindparam("p_channel"))
-)
-_topic_id = sa.select(topics.c.id).where(topics.c.name == sa.bindparam("p_topic"))
-_requeue = (
-    sa.update(d)
-    .where(d.c.id == sa.bindparam("p_id"), d.c.lease_token == sa.bindparam("p_token"))
-    .values(
-        state=STATE_READY,
-        visible_at=sa.bindparam("p_visible"),
-        lease_token=None,
-        last_error=sa.bindparam("p_error"),
-    )
-)
-# An explicit delay must leave the retry due before the message expires.
-_requeue_before_expiry = _requeue.where(
-    sa.select(messages.c.expires_at).where(messages.c.id == d.c.message_id).scalar_subquery()
-    > sa.bindparam("p_visible")
-)
-_expiry_if_leased = (
-    sa.select(messages.c.expires_at)
-    .join_from(d, messages, messages.c.id == d.c.message_id)
-    .where(d.c.id == sa.bindparam("p_id"), d.c.lease_token == sa.bindparam("p_token"))
-)
-_kill = (
-    sa.update(d)
-    .where(d.c.id == sa.bindparam("p_id"), d.c.lease_token == sa.bindparam("p_token"))
-    .values(
-        state=STATE_DEAD,
-        visible_at=DEAD_VISIBLE_AT,
-        lease_token=None,
-        last_error=sa.func.coalesce(sa.bindparam("p_error", type_=sa.Text), d.c.last_error),
-        dead_reason=sa.bindparam("p_reason"),
-        died_at=sa.bindparam("p_now"),
-    )
-)
-_renew = (
-    sa.update(d)
-    .where(
-        d.c.id == sa.bindparam("p_id"),
-        d.c.lease_token == sa.bindparam("p_token"),
-        d.c.state == STATE_LEASED,
-    )
-    .values(visible_at=sa.bindparam("p_until"))
-)
-
-
-@dataclasses.dataclass
-class _Published:
-    ids: list[int]
-    fanout: Counter[int]
-    now: int
-    stored: int  # messages written (a repeated dedup key writes none)
 
 
 class CoreClient:
@@ -222,17 +157,54 @@ class CoreClient:
         self._ready()
         return self._dialect.run(fn, one_statement=op in self._dialect.one_statement_ops)
 
-    def _run_counted(self, fn: Callable[[sa.Connection, Tally], T]) -> T:
-        """Like :meth:`_run`; counters ``fn`` records count once the transaction commits."""
-        tallies: list[Tally] = []
+    def _run_op(
+        self,
+        op: str,
+        fn: Callable[Concatenate[sa.Connection, _dialect.Dialect, P], T],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """Run the operation ``fn`` with ``args`` in one of novaque's transactions
+        (``op``: as for :meth:`_run`)."""
+        return self._run_named(op, lambda conn: fn(conn, self._dialect, *args, **kwargs))
 
-        def attempt(conn: sa.Connection) -> T:
-            tallies.append(Tally())
-            return fn(conn, tallies[-1])
+    def _run_timed(
+        self,
+        op: str,
+        fn: Callable[Concatenate[sa.Connection, _dialect.Dialect, int, P], T],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """Like :meth:`_run_op`, passing ``fn`` the time of each attempt (a retried
+        transaction runs at the time it is retried)."""
+        return self._run_named(
+            op, lambda conn: fn(conn, self._dialect, self._now(), *args, **kwargs)
+        )
 
-        result = self._run(attempt)
-        tallies[-1].apply(self._stats)
-        return result
+    def _run_named(self, op: str, work: Callable[[sa.Connection], T]) -> T:
+        # Only a hot-path operation names itself, as the calls of :meth:`_run` always did.
+        return self._run(work, op=op) if op else self._run(work)
+
+    def _in_batches(
+        self,
+        fn: Callable[Concatenate[sa.Connection, _dialect.Dialect, int, P], Batch],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> int:
+        """Run the batch operation ``fn`` (its result: how many rows it saw, how
+        many it changed, its effects) in transactions of its own until a batch
+        sees fewer than ``Options.maintenance_batch`` rows; return how many it
+        changed in all."""
+        total = 0
+        while True:
+            seen, changed, effects = self._run_timed("", fn, *args, **kwargs)
+            self._apply(effects)
+            total += changed
+            if seen < self.options.maintenance_batch:
+                return total
 
     # -- publishing -----------------------------------------------------------------
 
@@ -334,24 +306,15 @@ class CoreClient:
             raise InvalidOption("pass either connection or session to publish, not both")
         if not data:
             return []
-
-        def write(conn: sa.Connection, topic_id: int) -> _Published:
-            now = self._now()
-            rows = [
-                {
-                    "body": body,
-                    "headers": header_text,
-                    "published_at": now,
-                    "expires_at": now + int(ttl_s * US),
-                    "max_attempts": attempts,
-                    "dedup_key": key,
-                }
-                for body, key in zip(data, dedup_keys, strict=True)
-            ]
-            visible = now + int(delay_s * US)
-            ids, fanout, stored = self._write_messages(conn, topic, topic_id, rows, visible)
-            return _Published(ids, fanout, now, stored)
-
+        params: dict[str, Any] = {
+            "topic": topic,
+            "bodies": data,
+            "dedup_keys": dedup_keys,
+            "headers": header_text,
+            "ttl_us": int(ttl_s * US),
+            "delay_us": int(delay_s * US),
+            "max_attempts": attempts,
+        }
         if session is not None:
             connection = session.connection()
         if connection is not None:
@@ -360,57 +323,58 @@ class CoreClient:
             # or one deleted since), so it commits or rolls back with it.
             if self._is_ours(connection):
                 self._ready()
-                done = write(connection, self._topic_id_in(connection, topic))
-                _after_commit(connection, lambda: self._published(topic, done))
+                done = publish_op.publish(
+                    connection, self._dialect, self._now(), topic_id=None, **params
+                )
+                # Not cached: the id is the caller's transaction's until it commits.
+                effects = dataclasses.replace(done.effects(topic), topic_ids=())
+                _after_commit(connection, lambda: self._apply(effects))
             else:
                 # Another database: its counters are written there, in the
                 # caller's transaction (this client's buffer is for its own).
                 self._ready_elsewhere(connection)
-                done = write(connection, self._topic_id_in(connection, topic))
-                if done.fanout:
-                    self._dialect.upsert_stats(
-                        connection,
-                        _stats_rows(
-                            {(c, day_of(done.now)): n for c, n in done.fanout.items()}, "published"
-                        ),
-                    )
+                done = publish_op.publish(
+                    connection, self._dialect, self._now(), topic_id=None, **params
+                )
+                publish_op.count_here(connection, self._dialect, done)
             return done.ids
+        return self._run_publish(topic, params)
+
+    def _run_publish(self, topic: str, params: dict[str, Any]) -> list[int]:
+        """Publish in novaque's own transaction; the topic id is cached once it committed."""
+        topic_id = self._topic_ids.get(topic)
         # One statement where the dialect can: the topic id is known, no dedup
         # keys, and the bodies fit one INSERT batch.
-        one = (
-            topic in self._topic_ids
-            and all(k is None for k in dedup_keys)
-            and len(data) <= INSERT_BATCH_ROWS
-            and sum(map(len, data)) <= INSERT_BATCH_BYTES
+        one = topic_id is not None and publish_op.one_statement(
+            params["bodies"], params["dedup_keys"]
         )
-        done = self._run_publish(topic, write, one)
-        self._published(topic, done)
-        return done.ids
-
-    def _run_publish(
-        self, topic: str, write: Callable[[sa.Connection, int], _Published], one: bool
-    ) -> _Published:
-        """Publish in novaque's own transaction; the topic id is cached once it committed."""
-        learned: list[int] = []
-
-        def work(conn: sa.Connection) -> _Published:
-            topic_id = self._topic_ids.get(topic)
-            if topic_id is None:
-                topic_id = self._topic_id_in(conn, topic)
-                learned.append(topic_id)
-            return write(conn, topic_id)
-
         try:
-            result = self._run(work, op="publish" if one else "")
+            done = self._run_timed(
+                "publish" if one else "", publish_op.publish, topic_id=topic_id, **params
+            )
         except sa.exc.IntegrityError:
             # A cached topic id may belong to a topic deleted elsewhere (ids are
             # never reused, so it cannot name another topic): look it up again.
             if self._topic_ids.pop(topic, None) is None:
                 raise
-            result = self._run(work)
-        if learned:
-            self._topic_ids[topic] = learned[-1]
-        return result
+            done = self._run_timed("", publish_op.publish, topic_id=None, **params)
+        self._apply(done.effects(topic))
+        return done.ids
+
+    def _apply(self, effects: Effects) -> None:
+        """After a transaction committed: what its operation left to do."""
+        effects.tally.apply(self._stats)
+        self._topic_ids.update(effects.topic_ids)
+        for topic in effects.wake:
+            self._wake(topic)
+        lonely = effects.no_channel
+        if lonely is not None and lonely not in _warned_no_channel:
+            _warned_no_channel.add(lonely)
+            self.log.warning(
+                "topic %s has no channel: its messages are kept (browsable, replayable) "
+                "but delivered to nobody; declare channels with ensure_channel() at deploy",
+                lonely,
+            )
 
     def _is_ours(self, conn: sa.Connection) -> bool:
         """Whether a caller's connection is on this client's database."""
@@ -436,86 +400,6 @@ class CoreClient:
             _migrate.require_current(probe)
         self._checked_engines.add(conn.engine)
 
-    def _write_messages(
-        self,
-        conn: sa.Connection,
-        topic: str,
-        topic_id: int,
-        rows: list[dict[str, Any]],
-        visible: int,
-    ) -> tuple[list[int], Counter[int], int]:
-        """Insert messages and their deliveries: the ids in order, the deliveries per
-        channel, and how many messages were stored (a repeated dedup key stores none)."""
-        for row in rows:
-            row["topic_id"] = topic_id
-        if all(row["dedup_key"] is None for row in rows):
-            fields = {k: v for k, v in rows[0].items() if k not in ("body", "dedup_key")}
-            new_ids: list[int] = []
-            counts: Counter[int] = Counter()
-            for chunk in _chunks(list(range(len(rows))), rows):
-                chunk_ids, chunk_counts = self._dialect.publish_plain(
-                    conn, topic, fields, [rows[i]["body"] for i in chunk], visible
-                )
-                new_ids += chunk_ids
-                counts.update(chunk_counts)
-            return new_ids, counts, len(new_ids)
-        ids: list[int | None] = [None] * len(rows)
-        fresh: list[int] = []  # ids of the messages really inserted
-        plain = [i for i, row in enumerate(rows) if row["dedup_key"] is None]
-        for chunk in _chunks(plain, rows):
-            for i, message_id in zip(
-                chunk,
-                self._dialect.insert_messages(conn, [rows[i] for i in chunk]),
-                strict=True,
-            ):
-                ids[i] = message_id
-                fresh.append(message_id)
-        for i, row in enumerate(rows):
-            if row["dedup_key"] is not None:
-                ids[i], inserted = self._insert_deduplicated(conn, row)
-                if inserted:
-                    fresh.append(ids[i])  # type: ignore[arg-type]
-        fanout: Counter[int] = Counter()
-        if fresh:
-            fanout.update(
-                self._dialect.fan_out(
-                    conn, topic, topic_id, fresh, visible, rows[0]["max_attempts"]
-                )
-            )
-        return [int(i) for i in ids if i is not None], fanout, len(fresh)
-
-    def _insert_deduplicated(self, conn: sa.Connection, row: dict[str, Any]) -> tuple[int, bool]:
-        # A locking read sees the latest committed row even when the caller's
-        # transaction is REPEATABLE READ (MySQL's default), whose snapshot may
-        # predate the winner's commit.
-        lookup = (
-            sa.select(messages.c.id)
-            .where(messages.c.topic_id == row["topic_id"], messages.c.dedup_key == row["dedup_key"])
-            .with_for_update(read=True)
-        )
-        for _ in range(5):
-            inserted = self._dialect.insert_deduplicated(conn, row)
-            if inserted is not None:
-                return inserted, True
-            existing = conn.execute(lookup).scalar_one_or_none()
-            if existing is not None:
-                return int(existing), False
-            # The holder of the key was purged in between: try the insert again.
-        raise RuntimeError(f"could not settle dedup_key {row['dedup_key']!r}")  # pragma: no cover
-
-    def _published(self, topic: str, done: _Published) -> None:
-        """After a publish commits: count deliveries and wake local consumers."""
-        if done.fanout:
-            self._stats.add("published", day_of(done.now), done.fanout)
-            self._wake(topic)
-        elif done.stored and topic not in _warned_no_channel:
-            _warned_no_channel.add(topic)
-            self.log.warning(
-                "topic %s has no channel: its messages are kept (browsable, replayable) "
-                "but delivered to nobody; declare channels with ensure_channel() at deploy",
-                topic,
-            )
-
     # -- local wake-ups (used by consumers) -----------------------------------------------
 
     def _add_waker(self, topic: str, waker: Callable[[], None]) -> None:
@@ -536,31 +420,6 @@ class CoreClient:
 
     # -- topology ---------------------------------------------------------------------
 
-    def _topic_id_in(self, conn: sa.Connection, topic: str) -> int:
-        """The id of ``topic`` as ``conn``'s transaction sees the latest commit,
-        creating the topic if it does not exist."""
-        lookup = self._dialect.read_latest(_topic_id)
-        found = conn.execute(lookup, {"p_topic": topic}).scalar_one_or_none()
-        if found is None:
-            self._dialect.insert_ignore(conn, topics, {"name": topic, "created_at": self._now()})
-            found = conn.execute(lookup, {"p_topic": topic}).scalar_one()
-        return int(found)
-
-    def _existing_topic_id(self, conn: sa.Connection, topic: str) -> int:
-        found = conn.execute(_topic_id, {"p_topic": topic}).scalar_one_or_none()
-        if found is None:
-            raise TopicNotFound(f"topic {topic!r} does not exist")
-        return int(found)
-
-    def _existing_channel_id(self, conn: sa.Connection, topic: str, channel: str) -> int:
-        found = conn.execute(
-            _channel_ids, {"p_topic": topic, "p_channel": channel}
-        ).scalar_one_or_none()
-        if found is None:
-            self._existing_topic_id(conn, topic)
-            raise ChannelNotFound(f"channel {channel!r} of topic {topic!r} does not exist")
-        return int(found)
-
     def _channel_id(self, topic: str, channel: str) -> int:
         """A channel's id for the hot path, cached (see :data:`CHANNEL_CACHE_S`)."""
         cached = self._channel_cache.get((topic, channel))
@@ -568,7 +427,7 @@ class CoreClient:
             return cached[0]
         self._ready()
         with self._dialect.engine.connect() as conn:
-            channel_id = self._existing_channel_id(conn, topic, channel)
+            channel_id = topology.channel_id(conn, self._dialect, topic, channel)
         self._channel_cache[(topic, channel)] = (channel_id, time.monotonic())
         return channel_id
 
@@ -581,7 +440,7 @@ class CoreClient:
     def ensure_topic(self, topic: str) -> None:
         """Create ``topic`` if it does not exist."""
         _validate.name(topic, "topic")
-        self._run(lambda conn: self._topic_id_in(conn, topic))
+        self._run_timed("", topology.ensure_topic, topic)
 
     def ensure_channel(
         self,
@@ -604,48 +463,12 @@ class CoreClient:
             age_us = _validate.dead_max_age_us(dead_max_age)
         if dead_max_count is not None:
             _validate.dead_max_count(dead_max_count)
-
-        def write(conn: sa.Connection) -> None:
-            topic_id = self._topic_id_in(conn, topic)
-            self._dialect.insert_ignore(
-                conn,
-                channels,
-                {
-                    "topic_id": topic_id,
-                    "name": channel,
-                    "created_at": self._now(),
-                    "dead_max_age": age_us,
-                    "dead_max_count": dead_max_count,
-                },
-            )
-            bounds = {
-                k: v
-                for k, v in (("dead_max_age", age_us), ("dead_max_count", dead_max_count))
-                if v is not None
-            }
-            if bounds:
-                conn.execute(
-                    sa.update(channels)
-                    .where(channels.c.topic_id == topic_id, channels.c.name == channel)
-                    .values(bounds)
-                )
-
-        self._run(write)
+        self._run_timed("", topology.ensure_channel, topic, channel, age_us, dead_max_count)
 
     def delete_topic(self, topic: str) -> None:
         """Delete ``topic`` with its channels, messages, deliveries and counters."""
         _validate.name(topic, "topic")
-
-        def write(conn: sa.Connection) -> None:
-            topic_id = self._existing_topic_id(conn, topic)
-            channel_ids = sa.select(channels.c.id).where(channels.c.topic_id == topic_id)
-            conn.execute(sa.delete(stats).where(stats.c.channel_id.in_(channel_ids)))
-            conn.execute(sa.delete(d).where(d.c.channel_id.in_(channel_ids)))
-            conn.execute(sa.delete(messages).where(messages.c.topic_id == topic_id))
-            conn.execute(sa.delete(channels).where(channels.c.topic_id == topic_id))
-            conn.execute(sa.delete(topics).where(topics.c.id == topic_id))
-
-        self._run(write)
+        self._run_op("", topology.delete_topic, topic)
         self._forget(topic)
         self.log.info("deleted topic %s", topic)
 
@@ -653,14 +476,7 @@ class CoreClient:
         """Delete a channel with its deliveries and counters; messages stay."""
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
-
-        def write(conn: sa.Connection) -> None:
-            channel_id = self._existing_channel_id(conn, topic, channel)
-            conn.execute(sa.delete(stats).where(stats.c.channel_id == channel_id))
-            conn.execute(sa.delete(d).where(d.c.channel_id == channel_id))
-            conn.execute(sa.delete(channels).where(channels.c.id == channel_id))
-
-        self._run(write)
+        self._run_op("", topology.delete_channel, topic, channel)
         self._forget(topic, channel)
         self.log.info("deleted channel %s/%s", topic, channel)
 
@@ -672,27 +488,12 @@ class CoreClient:
 
     def list_topics(self) -> list[str]:
         """Every topic's name, sorted."""
-        rows = self._run(
-            lambda conn: conn.execute(sa.select(topics.c.name).order_by(topics.c.name)).all()
-        )
-        return [r[0] for r in rows]
+        return self._run_op("", topology.list_topics)
 
     def list_channels(self, topic: str) -> list[str]:
         """The channel names of ``topic``, sorted; :class:`TopicNotFound` if missing."""
         _validate.name(topic, "topic")
-
-        def read(conn: sa.Connection) -> list[str]:
-            topic_id = self._existing_topic_id(conn, topic)
-            return [
-                r[0]
-                for r in conn.execute(
-                    sa.select(channels.c.name)
-                    .where(channels.c.topic_id == topic_id)
-                    .order_by(channels.c.name)
-                )
-            ]
-
-        return self._run(read)
+        return self._run_op("", topology.list_channels, topic)
 
     # -- low-level consuming ------------------------------------------------------------
 
@@ -722,19 +523,14 @@ class CoreClient:
         self, topic: str, channel: str, channel_id: int, limit: int, lease_s: float
     ) -> list[Message]:
         token = secrets.token_hex(16)
-        holder: dict[str, int] = {}
-
-        def write(conn: sa.Connection) -> list[_dialect.ClaimedRow]:
-            now = self._now()
-            holder["now"], holder["until"] = now, now + int(lease_s * US)
-            return self._dialect.claim(conn, channel_id, limit, now, holder["until"], token)
-
-        rows = self._run(write, op="claim")
+        rows, until, effects = self._run_timed(
+            "claim", consume.claim, channel_id, limit, int(lease_s * US), token
+        )
         if not rows:
             self._channel_maybe_gone(topic, channel)
             return []
-        self._stats.add("claimed", day_of(holder["now"]), {channel_id: len(rows)})
-        return self._messages(rows, topic, channel, channel_id, token, holder["until"])
+        self._apply(effects)
+        return consume.messages_of(rows, topic, channel, channel_id, token, until)
 
     def _ack_and_claim(
         self,
@@ -756,56 +552,14 @@ class CoreClient:
         if limit <= 0:
             return self.ack_many(acks), []
         token = secrets.token_hex(16)
-        pairs = [(msg.delivery_id, msg.lease_token) for msg in acks]
-        holder: dict[str, int] = {}
-
-        def write(
-            conn: sa.Connection,
-        ) -> tuple[set[tuple[int, str]], list[_dialect.ClaimedRow]]:
-            now = self._now()
-            holder["now"], holder["until"] = now, now + int(lease_s * US)
-            return self._dialect.ack_and_claim(
-                conn, pairs, channel_id, limit, now, holder["until"], token
-            )
-
-        done, rows = self._run(write, op="ack_claim")
-        day = day_of(holder["now"])
-        acked = [msg for msg in acks if (msg.delivery_id, msg.lease_token) in done]
-        self._stats.add("acked", day, Counter(msg.channel_id for msg in acked))
-        lost = [msg for msg in acks if (msg.delivery_id, msg.lease_token) not in done]
+        lost, rows, until, effects = self._run_timed(
+            "ack_claim", consume.ack_and_claim, acks, channel_id, limit, int(lease_s * US), token
+        )
+        self._apply(effects)
         if not rows:
             self._channel_maybe_gone(topic, channel)
             return lost, []
-        self._stats.add("claimed", day, {channel_id: len(rows)})
-        return lost, self._messages(rows, topic, channel, channel_id, token, holder["until"])
-
-    def _messages(
-        self,
-        rows: list[_dialect.ClaimedRow],
-        topic: str,
-        channel: str,
-        channel_id: int,
-        token: str,
-        until: int,
-    ) -> list[Message]:
-        expires = from_us(until)
-        return [
-            Message(
-                id=row.message_id,
-                topic=topic,
-                channel=channel,
-                body=row.body,
-                headers=_validate.decode_headers(row.headers),
-                attempts=row.attempts,
-                max_attempts=row.max_attempts,
-                published_at=from_us(row.published_at),
-                delivery_id=row.delivery_id,
-                lease_token=token,
-                lease_expires_at=expires,
-                channel_id=channel_id,
-            )
-            for row in rows
-        ]
+        return lost, consume.messages_of(rows, topic, channel, channel_id, token, until)
 
     def ack(self, msg: Message) -> None:
         """Settle ``msg`` as done: its delivery is deleted (the message stays until TTL).
@@ -819,15 +573,9 @@ class CoreClient:
         """Ack many messages in one transaction; return those whose lease was lost."""
         if not msgs:
             return []
-        pairs = [(msg.delivery_id, msg.lease_token) for msg in msgs]
-
-        def write(conn: sa.Connection) -> tuple[set[tuple[int, str]], int]:
-            return self._dialect.delete_leased_pairs(conn, pairs), self._now()
-
-        done, now = self._run(write, op="ack")
-        acked = [msg for msg in msgs if (msg.delivery_id, msg.lease_token) in done]
-        self._stats.add("acked", day_of(now), Counter(msg.channel_id for msg in acked))
-        return [msg for msg in msgs if (msg.delivery_id, msg.lease_token) not in done]
+        lost, effects = self._run_timed("ack", consume.ack, msgs)
+        self._apply(effects)
+        return lost
 
     def requeue(
         self,
@@ -866,36 +614,19 @@ class CoreClient:
         if msg.attempts >= msg.max_attempts:
             self._bury(msg, "max_attempts", error)
             return
-
-        def write(conn: sa.Connection) -> tuple[int, int]:
-            now = self._now()
-            result = conn.execute(
-                _requeue_before_expiry if within_ttl else _requeue,
-                {
-                    "p_id": msg.delivery_id,
-                    "p_token": msg.lease_token,
-                    "p_visible": now + int(delay_s * US),
-                    "p_error": error,
-                },
-            )
-            return result.rowcount, now
-
-        changed, now = self._run(write, op="settle")
+        changed, effects = self._run_timed(
+            "settle", consume.requeue, msg, int(delay_s * US), error, within_ttl
+        )
         if not changed:
             if within_ttl:
                 self._refuse_past_expiry(msg, delay_s)
             raise LeaseLost(_lost_text(msg))
-        self._stats.add("requeued", day_of(now), {msg.channel_id: 1})
+        self._apply(effects)
 
     def _refuse_past_expiry(self, msg: Message, delay_s: float) -> None:
         """After a requeue that changed nothing: InvalidOption if the lease is
         still current (so the expiry refused the delay); else return."""
-
-        def read(conn: sa.Connection) -> tuple[int | None, int]:
-            params = {"p_id": msg.delivery_id, "p_token": msg.lease_token}
-            return conn.execute(_expiry_if_leased, params).scalar_one_or_none(), self._now()
-
-        expires, now = self._run(read)
+        expires, now = self._run_timed("", consume.expiry_if_leased, msg)
         if expires is not None:
             raise InvalidOption(
                 f"delay is {delay_s:.15g} s but message {msg.id} expires at "
@@ -912,24 +643,10 @@ class CoreClient:
         self._bury(msg, _validate.reason(reason), None)
 
     def _bury(self, msg: Message, reason: str, error: str | None) -> None:
-        def write(conn: sa.Connection) -> tuple[int, int]:
-            now = self._now()
-            result = conn.execute(
-                _kill,
-                {
-                    "p_id": msg.delivery_id,
-                    "p_token": msg.lease_token,
-                    "p_error": error,
-                    "p_reason": reason,
-                    "p_now": now,
-                },
-            )
-            return result.rowcount, now
-
-        changed, now = self._run(write, op="settle")
+        changed, effects = self._run_timed("settle", consume.kill, msg, reason, error)
         if not changed:
             raise LeaseLost(_lost_text(msg))
-        self._stats.add("dead", day_of(now), {msg.channel_id: 1})
+        self._apply(effects)
 
     def renew(self, msg: Message, *, lease: Duration | None = None) -> Any:
         """Extend ``msg``'s lease to ``lease`` from now (default ``Options.default_lease``).
@@ -938,21 +655,8 @@ class CoreClient:
         expiry. Raises :class:`LeaseLost` if the lease is no longer current.
         """
         lease_s = _validate.lease(lease, self._default_lease)
-
-        def write(conn: sa.Connection) -> tuple[int, int]:
-            until = self._now() + int(lease_s * US)
-            result = conn.execute(
-                _renew,
-                {
-                    "p_id": msg.delivery_id,
-                    "p_token": msg.lease_token,
-                    "p_until": until,
-                },
-            )
-            return result.rowcount, until
-
-        changed, until = self._run(write, op="settle")
-        if not changed:
+        until = self._run_timed("settle", consume.renew, msg, int(lease_s * US))
+        if until is None:
             raise LeaseLost(_lost_text(msg))
         msg.lease_expires_at = from_us(until)
         return msg.lease_expires_at
@@ -994,55 +698,13 @@ class CoreClient:
         batch = self.options.maintenance_batch
         total = 0
         while True:
-            changed = self._run_counted(lambda conn, tally: self._reap_batch(conn, tally, batch))
-            total += changed
-            if changed < batch:
+            seen, changed, effects = self._run_timed("", maintain.reap_batch, batch)
+            self._apply(effects)
+            if changed:
+                self.log.debug("reaped %d expired leases", changed)
+            total += seen
+            if seen < batch:
                 return total
-
-    def _reap_batch(self, conn: sa.Connection, tally: Tally, batch: int) -> int:
-        now = self._now()
-        expired = conn.execute(
-            sa.select(d.c.id, d.c.channel_id, d.c.attempts >= d.c.max_attempts)
-            .join_from(
-                channels,
-                d,
-                sa.and_(
-                    d.c.channel_id == channels.c.id,
-                    d.c.state == STATE_LEASED,
-                    d.c.visible_at <= now,
-                ),
-            )
-            .order_by(d.c.id)
-            .limit(batch)
-        ).all()
-        groups: dict[tuple[int, bool], list[int]] = {}
-        for delivery_id, channel_id, spent in expired:
-            groups.setdefault((int(channel_id), bool(spent)), []).append(int(delivery_id))
-        leased_expired = sa.and_(d.c.state == STATE_LEASED, d.c.visible_at <= now)
-        dead: Counter[int] = Counter()
-        changed = 0
-        for (channel_id, spent), ids in sorted(groups.items()):
-            if spent:
-                values: dict[str, Any] = {
-                    "state": STATE_DEAD,
-                    "visible_at": DEAD_VISIBLE_AT,
-                    "lease_token": None,
-                    "dead_reason": "max_attempts",
-                    "died_at": now,
-                    "last_error": sa.func.coalesce(d.c.last_error, "lease expired"),
-                }
-            else:
-                values = {"state": STATE_READY, "visible_at": now, "lease_token": None}
-            count = conn.execute(
-                sa.update(d).where(d.c.id.in_(ids), leased_expired).values(values)
-            ).rowcount
-            changed += count
-            if spent:
-                dead[channel_id] += count
-        tally.add("dead", day_of(now), dead)
-        if changed:
-            self.log.debug("reaped %d expired leases", changed)
-        return len(expired)
 
     def purge_expired(self) -> int:
         """Delete messages past their TTL with all their deliveries (dead included).
@@ -1050,40 +712,7 @@ class CoreClient:
         Works in batches of ``Options.maintenance_batch``; returns how many
         messages it deleted.
         """
-        batch = self.options.maintenance_batch
-        total = 0
-        while True:
-            deleted = self._run_counted(lambda conn, tally: self._purge_batch(conn, tally, batch))
-            total += deleted
-            if deleted < batch:
-                return total
-
-    def _purge_batch(self, conn: sa.Connection, tally: Tally, batch: int) -> int:
-        now = self._now()
-        # Locked (skipping messages another purge or a replay holds), and the
-        # expiry checked on the latest committed row: a replay that has just
-        # extended a message's life keeps it, and its new delivery with it.
-        ids = [
-            int(r[0])
-            for r in conn.execute(
-                sa.select(messages.c.id)
-                .where(messages.c.expires_at <= now)
-                .order_by(messages.c.expires_at, messages.c.id)
-                .limit(batch)
-                .with_for_update(skip_locked=True)
-            )
-        ]
-        if not ids:
-            return 0
-        purged = self._dialect.delete_deliveries(conn, d.c.message_id.in_(ids))
-        self._count_purged(purged, now, tally)
-        conn.execute(sa.delete(messages).where(messages.c.id.in_(ids)))
-        return len(ids)
-
-    def _count_purged(self, channel_ids: list[int], now: int, tally: Tally | None = None) -> None:
-        """Count deleted deliveries as purged: in ``tally`` (at commit), else at once."""
-        if channel_ids:
-            (tally or self._stats).add("purged", day_of(now), Counter(channel_ids))
+        return self._in_batches(maintain.purge_batch, self.options.maintenance_batch)
 
     def flush_stats(self) -> None:
         """Write the buffered counter deltas to the database now.
@@ -1094,24 +723,8 @@ class CoreClient:
         taken = self._stats.take()
         if not taken:
             return
-        rows = _stats_rows(taken)
-
-        def write(conn: sa.Connection) -> None:
-            alive = {
-                int(r[0])
-                for r in conn.execute(
-                    sa.select(channels.c.id).where(
-                        channels.c.id.in_({row["channel_id"] for row in rows})
-                    )
-                )
-            }
-            # Counters of channels deleted since are dropped with them.
-            kept = [row for row in rows if row["channel_id"] in alive]
-            if kept:
-                self._dialect.upsert_stats(conn, kept)
-
         try:
-            self._run(write)
+            self._run_op("", maintain.flush_stats, maintain.stats_rows(taken))
         except BaseException:
             self._stats.give_back(taken)
             raise
@@ -1120,49 +733,7 @@ class CoreClient:
         """Delete day buckets older than ``Options.stats_retention_days``; return how many."""
         today = day_of(self._now())
         first_kept = today - timedelta(days=self.options.stats_retention_days - 1)
-        result: int = self._run(
-            lambda conn: conn.execute(sa.delete(stats).where(stats.c.day < first_kept)).rowcount
-        )
-        return result
-
-
-#: Largest batch of bodies sent in one INSERT. PyMySQL sends bodies escaped
-#: into the statement text (up to twice their size), and MariaDB's default
-#: ``max_allowed_packet`` is 16 MiB: 4 MiB batches fit with room to spare.
-INSERT_BATCH_BYTES = 4 * 1024 * 1024
-INSERT_BATCH_ROWS = 1000
-
-
-def _chunks(indexes: list[int], rows: list[dict[str, Any]]) -> Iterator[list[int]]:
-    """Split row indexes into batches bounded in rows and in body bytes."""
-    chunk: list[int] = []
-    size = 0
-    for i in indexes:
-        length = len(rows[i]["body"])
-        if chunk and (size + length > INSERT_BATCH_BYTES or len(chunk) >= INSERT_BATCH_ROWS):
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(i)
-        size += length
-    if chunk:
-        yield chunk
-
-
-def _stats_rows(
-    deltas: dict[tuple[int, date], Any], only: str | None = None
-) -> list[dict[str, Any]]:
-    """Rows for :meth:`Dialect.upsert_stats`: ``deltas`` maps (channel, day) to the
-    counter values in :data:`COUNTER_COLUMNS` order, or, with ``only``, to the
-    count of that one counter."""
-    rows = []
-    for (channel_id, day), values in sorted(deltas.items()):
-        counts = (
-            dict(zip(COUNTER_COLUMNS, values, strict=True))
-            if only is None
-            else {c: values if c == only else 0 for c in COUNTER_COLUMNS}
-        )
-        rows.append({"channel_id": channel_id, "day": day, **counts})
-    return rows
+        return self._run_op("", maintain.prune_stats, first_kept)
 
 
 def _lost_text(msg: Message) -> str:

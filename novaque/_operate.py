@@ -5,9 +5,11 @@
 a missing topic raises :class:`~novaque.TopicNotFound`, a missing channel of an
 existing topic :class:`~novaque.ChannelNotFound`.
 
-Every statement here is portable SQLAlchemy Core, built once at import from
-bound parameters. What differs per database (deleting with or without
-RETURNING, EXPLAIN) goes through :mod:`novaque._dialect`.
+The work is done by the operations of :mod:`novaque.ops.browse` and
+:mod:`novaque.ops.maintain`; their statements (:mod:`novaque.ops._sql`) are
+portable SQLAlchemy Core, built once at import from bound parameters. What
+differs per database (deleting with or without RETURNING, EXPLAIN) goes
+through :mod:`novaque._dialect`.
 
 Counters changed by these calls (``requeued``, ``published``, ``purged``) are
 recorded with the transaction and buffered only once it commits, like every
@@ -16,252 +18,18 @@ other counter; reads of counters see what was flushed (:meth:`flush_stats`).
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import date, datetime
-from typing import Any
-
-import sqlalchemy as sa
 
 from novaque import _validate
 from novaque._core import CoreClient
-from novaque._stats import Tally
-from novaque._time import US, day_of, from_us, to_us
-from novaque.errors import ChannelNotFound, MessageNotFound
-from novaque.models import (
-    Backlog,
-    Counters,
-    DeadLetter,
-    DeliveryInfo,
-    DeliveryState,
-    MessageInfo,
-)
+from novaque._time import US, to_us
+from novaque.models import Backlog, Counters, DeadLetter, MessageInfo
+from novaque.ops import browse, maintain, topology
+from novaque.ops._sql import BACKLOG, DEAD_PAGE
 from novaque.options import seconds
-from novaque.schema import (
-    COUNTER_COLUMNS,
-    DEAD_VISIBLE_AT,
-    STATE_DEAD,
-    STATE_LEASED,
-    STATE_READY,
-    channels,
-    deliveries,
-    messages,
-    stats,
-    topics,
-)
 
 __all__ = ["BACKLOG", "DEAD_PAGE", "OperatingClient"]
-
-d = deliveries
-m = messages
-
-#: Messages handled per statement by replay (keeps statements and IN lists small).
-REPLAY_CHUNK = 500
-
-
-def _p(name: str, type_: Any = sa.BigInteger) -> sa.BindParameter[Any]:
-    return sa.bindparam(name, type_=type_)
-
-
-def _ids(name: str = "p_ids") -> sa.BindParameter[Any]:
-    return sa.bindparam(name, expanding=True)
-
-
-# -- counters -------------------------------------------------------------------------
-
-_sums = [sa.func.coalesce(sa.func.sum(stats.c[col]), 0) for col in COUNTER_COLUMNS]
-_channels_of = sa.select(channels.c.id).where(channels.c.topic_id == _p("p_topic_id", sa.Integer))
-
-# -- backlog: four index-only range counts on ix_novaque_deliveries_state per channel ----
-#
-# Counting each state's range separately (rather than one GROUP BY with a CASE)
-# keeps every planner on the index, even for a channel that holds most of the
-# table, and is ~2.5x faster on PostgreSQL with a million rows.
-
-
-def _count(*where: sa.ColumnElement[bool]) -> sa.ScalarSelect[Any]:
-    return (
-        sa.select(sa.func.count())
-        .select_from(d)
-        .where(d.c.channel_id == channels.c.id, *where)
-        .correlate(channels)
-        .scalar_subquery()
-    )
-
-
-_now = _p("p_now")
-_backlog_columns = (
-    channels.c.id,
-    channels.c.name,
-    _count(d.c.state == STATE_READY, d.c.visible_at > _now),  # pending
-    _count(d.c.state == STATE_READY, d.c.visible_at <= _now),  # ready
-    _count(d.c.state == STATE_LEASED),  # in flight
-    _count(d.c.state == STATE_DEAD),  # dead
-)
-
-#: Live deliveries of one channel by state (``p_channel``, ``p_now``).
-BACKLOG = sa.select(*_backlog_columns).where(channels.c.id == _p("p_channel", sa.Integer))
-_TOPIC_BACKLOG = (
-    sa.select(*_backlog_columns)
-    .where(channels.c.topic_id == _p("p_topic_id", sa.Integer))
-    .order_by(channels.c.name)
-)
-
-# -- dead letters: the tail of ix_novaque_deliveries_claim, in delivery-id order -------
-
-# Dead rows, and only they, have visible_at = DEAD_VISIBLE_AT: an exact range of
-# ix_novaque_deliveries_claim in id order. (Adding "state = dead" would tempt
-# planners into ix_novaque_deliveries_state and a sort.) Updates and deletes of
-# the rows found still check the state.
-_dead_of_channel = sa.and_(
-    d.c.channel_id == _p("p_channel", sa.Integer),
-    d.c.visible_at == DEAD_VISIBLE_AT,
-)
-
-
-def _dead_page(with_body: bool) -> sa.Select[Any]:
-    fields: list[Any] = [
-        d.c.id,
-        d.c.message_id,
-        d.c.attempts,
-        d.c.dead_reason,
-        d.c.last_error,
-        d.c.died_at,
-        m.c.published_at,
-        sa.func.length(m.c.body),
-    ]
-    if with_body:
-        fields.append(m.c.body)
-    return (
-        sa.select(*fields)
-        .join_from(d, m, m.c.id == d.c.message_id)
-        .where(_dead_of_channel, d.c.id > _p("p_after"))
-        .order_by(d.c.id)
-        .limit(_p("p_limit", sa.Integer))
-    )
-
-
-#: One page of a channel's dead letters (``p_channel``, ``p_after``, ``p_limit``).
-DEAD_PAGE = _dead_page(False)
-_DEAD_PAGE_BODIES = _dead_page(True)
-
-_dead_batch_after = (
-    sa.select(d.c.id, d.c.message_id)
-    .where(_dead_of_channel, d.c.id > _p("p_after"))
-    .order_by(d.c.id)
-    .limit(_p("p_limit", sa.Integer))
-    .with_for_update()
-)
-_dead_batch_in = (
-    sa.select(d.c.id, d.c.message_id)
-    .where(_dead_of_channel, d.c.id.in_(_ids()))
-    .order_by(d.c.id)
-    .with_for_update()
-)
-_revive = (
-    sa.update(d)
-    .where(d.c.id.in_(_ids()), d.c.state == STATE_DEAD)
-    .values(
-        state=STATE_READY,
-        visible_at=_p("p_now"),
-        attempts=0,
-        lease_token=None,
-        dead_reason=None,
-        died_at=None,
-    )
-)
-_extend_expiry = (
-    sa.update(m)
-    .where(m.c.id.in_(_ids()), m.c.expires_at < _p("p_expires"))
-    .values(expires_at=_p("p_expires"))
-)
-_dead_count = sa.select(sa.func.count()).where(
-    d.c.channel_id == _p("p_channel", sa.Integer), d.c.state == STATE_DEAD
-)
-_dead_older_than = (
-    sa.select(d.c.id)
-    .where(_dead_of_channel, d.c.died_at < _p("p_cutoff"))
-    .order_by(d.c.died_at, d.c.id)
-    .limit(_p("p_limit", sa.Integer))
-)
-_dead_boundary = (
-    sa.select(d.c.died_at, d.c.id)
-    .where(_dead_of_channel)
-    .order_by(d.c.died_at.desc(), d.c.id.desc())
-    .limit(1)
-    .offset(_p("p_offset", sa.Integer))
-)
-_dead_beyond = (
-    sa.select(d.c.id)
-    .where(
-        _dead_of_channel,
-        sa.or_(
-            d.c.died_at < _p("p_died"),
-            sa.and_(d.c.died_at == _p("p_died"), d.c.id < _p("p_id")),
-        ),
-    )
-    .order_by(d.c.died_at, d.c.id)
-    .limit(_p("p_limit", sa.Integer))
-)
-
-# -- messages ---------------------------------------------------------------------------
-
-_message = (
-    sa.select(m.c.id, topics.c.name, m.c.body, m.c.headers, m.c.published_at, m.c.expires_at)
-    .join_from(m, topics, topics.c.id == m.c.topic_id)
-    .where(m.c.id == _p("p_id"))
-)
-_deliveries_of = (
-    sa.select(
-        d.c.message_id, channels.c.name, d.c.state, d.c.attempts, d.c.last_error, d.c.visible_at
-    )
-    .join_from(d, channels, channels.c.id == d.c.channel_id)
-    .where(d.c.message_id.in_(_ids()))
-    .order_by(d.c.message_id, channels.c.name)
-)
-# Locks the message only: replays of one message take turns (no duplicate
-# deliveries) and TTL purge or prune cannot delete it meanwhile.
-_lock_message = (
-    sa.select(m.c.topic_id, m.c.max_attempts).where(m.c.id == _p("p_id")).with_for_update()
-)
-_topic_name = sa.select(topics.c.name).where(topics.c.id == _p("p_topic_id", sa.Integer))
-_live_pairs = sa.select(d.c.message_id, d.c.channel_id).where(d.c.message_id.in_(_ids()))
-_range_chunk = (
-    sa.select(m.c.id, m.c.max_attempts, m.c.published_at)
-    .where(
-        m.c.topic_id == _p("p_topic_id", sa.Integer),
-        m.c.published_at >= _p("p_since"),
-        m.c.published_at < _p("p_until"),
-        sa.or_(
-            m.c.published_at > _p("p_pub"),
-            sa.and_(m.c.published_at == _p("p_pub"), m.c.id > _p("p_id")),
-        ),
-    )
-    .order_by(m.c.published_at, m.c.id)
-    .limit(_p("p_limit", sa.Integer))
-    .with_for_update()
-)
-_prune_count = sa.select(sa.func.count()).where(
-    m.c.topic_id == _p("p_topic_id", sa.Integer), m.c.published_at < _p("p_before")
-)
-_prune_batch = (
-    sa.select(m.c.id)
-    .where(m.c.topic_id == _p("p_topic_id", sa.Integer), m.c.published_at < _p("p_before"))
-    .order_by(m.c.published_at, m.c.id)
-    .limit(_p("p_limit", sa.Integer))
-)
-
-
-def _counters(row: Any) -> Counters:
-    return Counters(*(int(v or 0) for v in row))
-
-
-def _state(state: int, visible_at: int, now: int) -> DeliveryState:
-    if state == STATE_DEAD:
-        return "dead"
-    if state == STATE_LEASED:
-        return "in_flight"
-    return "pending" if visible_at > now else "ready"
 
 
 class OperatingClient(CoreClient):
@@ -286,13 +54,7 @@ class OperatingClient(CoreClient):
         first, last = _validate.day_range(since, until)
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
-
-        def read(conn: sa.Connection) -> Counters:
-            channel_id = self._existing_channel_id(conn, topic, channel)
-            stmt = _window(sa.select(*_sums).where(stats.c.channel_id == channel_id), first, last)
-            return _counters(conn.execute(stmt).one())
-
-        return self._run(read)
+        return self._run_op("", browse.channel_counters, topic, channel, first, last)
 
     def topic_counters(
         self,
@@ -304,15 +66,7 @@ class OperatingClient(CoreClient):
         """The counters of every channel of ``topic`` added up (see :meth:`channel_counters`)."""
         first, last = _validate.day_range(since, until)
         _validate.name(topic, "topic")
-
-        def read(conn: sa.Connection) -> Counters:
-            topic_id = self._existing_topic_id(conn, topic)
-            stmt = _window(
-                sa.select(*_sums).where(stats.c.channel_id.in_(_channels_of)), first, last
-            )
-            return _counters(conn.execute(stmt, {"p_topic_id": topic_id}).one())
-
-        return self._run(read)
+        return self._run_op("", browse.topic_counters, topic, first, last)
 
     def daily_counters(
         self,
@@ -329,20 +83,7 @@ class OperatingClient(CoreClient):
         first, last = _validate.day_range(since, until)
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
-
-        def read(conn: sa.Connection) -> list[tuple[date, Counters]]:
-            channel_id = self._existing_channel_id(conn, topic, channel)
-            stmt = _window(
-                sa.select(stats.c.day, *(stats.c[col] for col in COUNTER_COLUMNS))
-                .where(stats.c.channel_id == channel_id)
-                .order_by(stats.c.day),
-                first,
-                last,
-            )
-            days = [(row[0], _counters(row[1:])) for row in conn.execute(stmt)]
-            return [(day, counters) for day, counters in days if counters != Counters()]
-
-        return self._run(read)
+        return self._run_op("", browse.daily_counters, topic, channel, first, last)
 
     # -- backlog ------------------------------------------------------------------------------
 
@@ -357,13 +98,7 @@ class OperatingClient(CoreClient):
         """
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
-
-        def read(conn: sa.Connection) -> Backlog:
-            channel_id = self._existing_channel_id(conn, topic, channel)
-            row = conn.execute(BACKLOG, {"p_channel": channel_id, "p_now": self._now()}).one()
-            return Backlog(*(int(n) for n in row[2:]))
-
-        return self._run(read)
+        return self._run_timed("", browse.channel_backlog, topic, channel)
 
     def topic_backlog(self, topic: str) -> dict[str, Backlog]:
         """The backlog of each channel of ``topic``, by channel name (sorted).
@@ -373,13 +108,7 @@ class OperatingClient(CoreClient):
         channels (the same index-only counts per channel).
         """
         _validate.name(topic, "topic")
-
-        def read(conn: sa.Connection) -> dict[str, Backlog]:
-            topic_id = self._existing_topic_id(conn, topic)
-            rows = conn.execute(_TOPIC_BACKLOG, {"p_topic_id": topic_id, "p_now": self._now()})
-            return {row[1]: Backlog(*(int(n) for n in row[2:])) for row in rows}
-
-        return self._run(read)
+        return self._run_timed("", browse.topic_backlog, topic)
 
     # -- dead letters ------------------------------------------------------------------------
 
@@ -402,29 +131,7 @@ class OperatingClient(CoreClient):
         _validate.name(channel, "channel")
         page = _validate.page_limit(limit)
         after = _validate.after_id(after_id)
-        stmt = _DEAD_PAGE_BODIES if with_body else DEAD_PAGE
-
-        def read(conn: sa.Connection) -> list[DeadLetter]:
-            channel_id = self._existing_channel_id(conn, topic, channel)
-            rows = conn.execute(
-                stmt, {"p_channel": channel_id, "p_after": after, "p_limit": page}
-            ).all()
-            return [
-                DeadLetter(
-                    delivery_id=int(row[0]),
-                    message_id=int(row[1]),
-                    attempts=int(row[2]),
-                    reason=row[3] or "rejected",
-                    last_error=row[4],
-                    body_len=int(row[7]),
-                    published_at=from_us(row[6]),
-                    died_at=from_us(row[5]),
-                    body=bytes(row[8]) if with_body else None,
-                )
-                for row in rows
-            ]
-
-        return self._run(read)
+        return self._run_op("", browse.list_dead, topic, channel, page, after, with_body)
 
     def requeue_dead(self, topic: str, channel: str, ids: Iterable[int] | None = None) -> int:
         """Make dead letters ready again, now; return how many were requeued.
@@ -437,22 +144,7 @@ class OperatingClient(CoreClient):
         transactions of ``Options.maintenance_batch`` letters.
         """
         wanted = None if ids is None else _validate.ids(ids)
-        ttl_us = int(self._default_ttl * US)
-
-        def revive(conn: sa.Connection, tally: Tally, channel_id: int, rows: list[Any]) -> int:
-            now = self._now()
-            delivery_ids = [int(r[0]) for r in rows]
-            count = conn.execute(_revive, {"p_ids": delivery_ids, "p_now": now}).rowcount
-            conn.execute(
-                _extend_expiry,
-                {"p_ids": sorted({int(r[1]) for r in rows}), "p_expires": now + ttl_us},
-            )
-            tally.add("requeued", day_of(now), {channel_id: count})
-            if count:
-                self._dialect.notify(conn, topic)
-            return int(count)
-
-        total = self._each_dead_batch(topic, channel, wanted, revive)
+        total = self._each_dead_batch("requeue", topic, channel, wanted)
         if total:
             self._wake(topic)
         return total
@@ -466,75 +158,44 @@ class OperatingClient(CoreClient):
         ``published == acked + purged + live`` holds over a channel's life.
         """
         wanted = None if ids is None else _validate.ids(ids)
-
-        def delete(conn: sa.Connection, tally: Tally, channel_id: int, rows: list[Any]) -> int:
-            return self._delete_dead_rows(conn, tally, [int(r[0]) for r in rows])
-
-        return self._each_dead_batch(topic, channel, wanted, delete)
+        return self._each_dead_batch("delete", topic, channel, wanted)
 
     def _each_dead_batch(
-        self,
-        topic: str,
-        channel: str,
-        wanted: list[int] | None,
-        apply: Callable[[sa.Connection, Tally, int, list[Any]], int],
+        self, action: browse.DeadAction, topic: str, channel: str, wanted: list[int] | None
     ) -> int:
-        """Lock and hand over the channel's dead letters (``wanted`` ones or all) in batches."""
+        """Lock and requeue or delete the channel's dead letters (``wanted`` ones or
+        all) in batches."""
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
         batch = self.options.maintenance_batch
-        channel_id = self._run(lambda conn: self._existing_channel_id(conn, topic, channel))
+        ttl_us = int(self._default_ttl * US)
+        channel_id = self._run_op("", topology.channel_id, topic, channel)
         total = 0
         if wanted is not None:
             for i in range(0, len(wanted), batch):
-
-                def chosen(
-                    conn: sa.Connection, tally: Tally, chunk: list[int] = wanted[i : i + batch]
-                ) -> int:
-                    rows = conn.execute(
-                        _dead_batch_in, {"p_channel": channel_id, "p_ids": chunk}
-                    ).all()
-                    return apply(conn, tally, channel_id, list(rows))
-
-                total += self._run_counted(chosen)
+                _, done, _, effects = self._run_timed(
+                    "",
+                    browse.dead_batch,
+                    action,
+                    topic,
+                    channel_id,
+                    wanted[i : i + batch],
+                    0,
+                    batch,
+                    ttl_us,
+                )
+                self._apply(effects)
+                total += done
             return total
         after = 0
         while True:
-
-            def following(
-                conn: sa.Connection, tally: Tally, after: int = after
-            ) -> tuple[int, int, int]:
-                return self._dead_batch(conn, tally, channel_id, after, batch, apply)
-
-            seen, done, after = self._run_counted(following)
+            seen, done, after, effects = self._run_timed(
+                "", browse.dead_batch, action, topic, channel_id, None, after, batch, ttl_us
+            )
+            self._apply(effects)
             total += done
             if seen < batch:
                 return total
-
-    def _dead_batch(
-        self,
-        conn: sa.Connection,
-        tally: Tally,
-        channel_id: int,
-        after: int,
-        batch: int,
-        apply: Callable[[sa.Connection, Tally, int, list[Any]], int],
-    ) -> tuple[int, int, int]:
-        """The next ``batch`` dead letters after id ``after``: (seen, applied, last id)."""
-        params = {"p_channel": channel_id, "p_after": after, "p_limit": batch}
-        rows = conn.execute(_dead_batch_after, params).all()
-        if not rows:
-            return 0, 0, after
-        return len(rows), apply(conn, tally, channel_id, list(rows)), int(rows[-1][0])
-
-    def _delete_dead_rows(self, conn: sa.Connection, tally: Tally, delivery_ids: list[int]) -> int:
-        if not delivery_ids:
-            return 0
-        purged = self._dialect.delete_deliveries(
-            conn, sa.and_(d.c.id.in_(delivery_ids), d.c.state == STATE_DEAD)
-        )
-        self._count_purged(purged, self._now(), tally)
-        return len(purged)
 
     def enforce_dead_retention(self) -> int:
         """Delete dead letters beyond their channel's bounds; return how many.
@@ -552,22 +213,17 @@ class OperatingClient(CoreClient):
             None if default_age is None else int(seconds(default_age, "Options.dead_max_age") * US)
         )
         count_default = self.options.dead_max_count
-        query = sa.select(
-            channels.c.id, channels.c.dead_max_age, channels.c.dead_max_count
-        ).order_by(channels.c.id)
-        if age_default is None and count_default is None:
-            query = query.where(
-                sa.or_(channels.c.dead_max_age.is_not(None), channels.c.dead_max_count.is_not(None))
-            )
-        bounded = self._run(lambda conn: conn.execute(query).all())
+        bounded = self._run_op(
+            "", maintain.dead_bounds, age_default is None and count_default is None
+        )
         total = 0
         for channel_id, age, count in bounded:
             max_age = age if age is not None else age_default
             max_count = count if count is not None else count_default
             if max_age is not None:
-                total += self._retire_older(int(channel_id), int(max_age))
+                total += self._retire_older(channel_id, int(max_age))
             if max_count is not None:
-                total += self._retire_beyond(int(channel_id), int(max_count))
+                total += self._retire_beyond(channel_id, int(max_count))
         if total:
             self.log.debug("dead-letter retention deleted %d letters", total)
         return total
@@ -579,22 +235,7 @@ class OperatingClient(CoreClient):
 
     def _retire_older(self, channel_id: int, max_age_us: int) -> int:
         batch = self.options.maintenance_batch
-        total = 0
-        while True:
-
-            def work(conn: sa.Connection, tally: Tally) -> tuple[int, int]:
-                params = {
-                    "p_channel": channel_id,
-                    "p_cutoff": self._now() - max_age_us,
-                    "p_limit": batch,
-                }
-                found = [int(r[0]) for r in conn.execute(_dead_older_than, params)]
-                return len(found), self._delete_dead_rows(conn, tally, found)
-
-            seen, deleted = self._run_counted(work)
-            total += deleted
-            if seen < batch:
-                return total
+        return self._in_batches(maintain.retire_older_batch, channel_id, max_age_us, batch)
 
     def _retire_beyond(self, channel_id: int, keep: int) -> int:
         """Delete all but the newest ``keep`` dead letters (by died_at), oldest first.
@@ -602,41 +243,11 @@ class OperatingClient(CoreClient):
         Everything older than the ``keep``-th newest letter stays older than it
         as letters keep dying, so concurrent passes never delete too many.
         """
-
-        def boundary(conn: sa.Connection) -> tuple[int, int] | None:
-            """(died_at, id) of the oldest letter kept (older ones go); None: within bounds."""
-            dead = int(conn.execute(_dead_count, {"p_channel": channel_id}).scalar_one())
-            if dead <= keep:
-                return None
-            if keep == 0:
-                return DEAD_VISIBLE_AT, 0  # beyond every real died_at: delete them all
-            row = conn.execute(
-                _dead_boundary, {"p_channel": channel_id, "p_offset": keep - 1}
-            ).one_or_none()
-            return None if row is None else (int(row[0]), int(row[1]))
-
-        edge = self._run(boundary)
+        edge = self._run_op("", maintain.dead_boundary, channel_id, keep)
         if edge is None:
             return 0
-        died, last_id = edge
         batch = self.options.maintenance_batch
-        total = 0
-        while True:
-
-            def work(conn: sa.Connection, tally: Tally) -> tuple[int, int]:
-                params = {
-                    "p_channel": channel_id,
-                    "p_died": died,
-                    "p_id": last_id,
-                    "p_limit": batch,
-                }
-                found = [int(r[0]) for r in conn.execute(_dead_beyond, params)]
-                return len(found), self._delete_dead_rows(conn, tally, found)
-
-            seen, deleted = self._run_counted(work)
-            total += deleted
-            if seen < batch:
-                return total
+        return self._in_batches(maintain.retire_beyond_batch, channel_id, edge, batch)
 
     # -- browsing -------------------------------------------------------------------------------
 
@@ -648,15 +259,7 @@ class OperatingClient(CoreClient):
         has this id (never published, or purged by TTL or :meth:`prune`).
         """
         message_id = _validate.message_id(id)
-
-        def read(conn: sa.Connection) -> MessageInfo:
-            row = conn.execute(_message, {"p_id": message_id}).one_or_none()
-            if row is None:
-                raise MessageNotFound(f"message {message_id} does not exist")
-            found = self._with_deliveries(conn, [row[0]], {row[0]: row[1]}, [row[2:]])
-            return found[0]
-
-        return self._run(read)
+        return self._run_timed("", browse.get_message, message_id)
 
     def list_messages(
         self,
@@ -676,66 +279,9 @@ class OperatingClient(CoreClient):
         _validate.name(topic, "topic")
         page = _validate.page_limit(limit)
         after = _validate.after_id(after_id)
-        stmt = (
-            sa.select(m.c.id, m.c.body, m.c.headers, m.c.published_at, m.c.expires_at)
-            .where(m.c.topic_id == _p("p_topic_id", sa.Integer), m.c.id > _p("p_after"))
-            .order_by(m.c.id)
-            .limit(_p("p_limit", sa.Integer))
-        )
-        params: dict[str, Any] = {"p_after": after, "p_limit": page}
-        if since is not None:
-            stmt = stmt.where(m.c.published_at >= _p("p_since"))
-            params["p_since"] = to_us(_validate.moment(since, "since"))
-        if until is not None:
-            stmt = stmt.where(m.c.published_at < _p("p_until"))
-            params["p_until"] = to_us(_validate.moment(until, "until"))
-
-        def read(conn: sa.Connection) -> list[MessageInfo]:
-            params["p_topic_id"] = self._existing_topic_id(conn, topic)
-            rows = conn.execute(stmt, params).all()
-            ids = [int(r[0]) for r in rows]
-            return self._with_deliveries(
-                conn, ids, dict.fromkeys(ids, topic), [r[1:] for r in rows]
-            )
-
-        return self._run(read)
-
-    def _with_deliveries(
-        self,
-        conn: sa.Connection,
-        ids: list[int],
-        topic_of: dict[int, str],
-        fields: list[Any],
-    ) -> list[MessageInfo]:
-        """MessageInfo for messages ``ids`` (fields: body, headers, published, expires)."""
-        if not ids:
-            return []
-        now = self._now()
-        found: dict[int, list[DeliveryInfo]] = {i: [] for i in ids}
-        for message_id, name, state, attempts, error, visible in conn.execute(
-            _deliveries_of, {"p_ids": ids}
-        ):
-            found[int(message_id)].append(
-                DeliveryInfo(
-                    channel=name,
-                    state=_state(state, visible, now),
-                    attempts=int(attempts),
-                    last_error=error,
-                    visible_at=None if state == STATE_DEAD else from_us(visible),
-                )
-            )
-        return [
-            MessageInfo(
-                id=i,
-                topic=topic_of[i],
-                body=bytes(body),
-                headers=_validate.decode_headers(headers),
-                published_at=from_us(published),
-                expires_at=from_us(expires),
-                deliveries=found[i],
-            )
-            for i, (body, headers, published, expires) in zip(ids, fields, strict=True)
-        ]
+        since_us = None if since is None else to_us(_validate.moment(since, "since"))
+        until_us = None if until is None else to_us(_validate.moment(until, "until"))
+        return self._run_timed("", browse.list_messages, topic, since_us, until_us, page, after)
 
     # -- replay ---------------------------------------------------------------------------------
 
@@ -752,22 +298,9 @@ class OperatingClient(CoreClient):
         """
         wanted_id = _validate.message_id(message_id, "message_id")
         names = None if channels is None else _validate.names(channels, "channel")
-
-        def write(conn: sa.Connection, tally: Tally) -> tuple[str, int]:
-            row = conn.execute(_lock_message, {"p_id": wanted_id}).one_or_none()
-            if row is None:
-                raise MessageNotFound(f"message {wanted_id} does not exist")
-            topic_id, max_attempts = int(row[0]), int(row[1])
-            topic = conn.execute(_topic_name, {"p_topic_id": topic_id}).scalar_one()
-            channel_ids = self._replay_channels(conn, topic, topic_id, names)
-            created = self._replay_rows(
-                conn, tally, topic, channel_ids, [(wanted_id, max_attempts)]
-            )
-            return topic, created
-
-        topic, created = self._run_counted(write)
-        if created:
-            self._wake(topic)
+        ttl_us = int(self._default_ttl * US)
+        created, effects = self._run_timed("", browse.replay, wanted_id, names, ttl_us)
+        self._apply(effects)
         return created
 
     def replay_range(
@@ -786,89 +319,12 @@ class OperatingClient(CoreClient):
         first = to_us(_validate.moment(since, "since"))
         last = to_us(_validate.moment(until, "until"))
         names = None if channels is None else _validate.names(channels, "channel")
-
-        def write(conn: sa.Connection, tally: Tally) -> int:
-            topic_id = self._existing_topic_id(conn, topic)
-            channel_ids = self._replay_channels(conn, topic, topic_id, names)
-            created = 0
-            pub, last_id = first - 1, 0
-            while True:
-                rows = conn.execute(
-                    _range_chunk,
-                    {
-                        "p_topic_id": topic_id,
-                        "p_since": first,
-                        "p_until": last,
-                        "p_pub": pub,
-                        "p_id": last_id,
-                        "p_limit": REPLAY_CHUNK,
-                    },
-                ).all()
-                if rows:
-                    created += self._replay_rows(
-                        conn, tally, topic, channel_ids, [(int(r[0]), int(r[1])) for r in rows]
-                    )
-                    pub, last_id = int(rows[-1][2]), int(rows[-1][0])
-                if len(rows) < REPLAY_CHUNK:
-                    return created
-
-        created: int = self._run_counted(write)
-        if created:
-            self._wake(topic)
-        return created
-
-    def _replay_channels(
-        self, conn: sa.Connection, topic: str, topic_id: int, names: list[str] | None
-    ) -> list[int]:
-        query = sa.select(channels.c.name, channels.c.id).where(channels.c.topic_id == topic_id)
-        if names is not None:
-            query = query.where(channels.c.name.in_(names))
-        found = {name: int(cid) for name, cid in conn.execute(query)}
-        for name in names or ():
-            if name not in found:
-                raise ChannelNotFound(f"channel {name!r} of topic {topic!r} does not exist")
-        return sorted(found.values())
-
-    def _replay_rows(
-        self,
-        conn: sa.Connection,
-        tally: Tally,
-        topic: str,
-        channel_ids: list[int],
-        wanted: list[tuple[int, int]],
-    ) -> int:
-        """Create the missing deliveries of messages ``wanted`` ((id, max_attempts))."""
-        if not channel_ids or not wanted:
-            return 0
-        now = self._now()
-        ids = [mid for mid, _ in wanted]
-        live = {(int(a), int(b)) for a, b in conn.execute(_live_pairs, {"p_ids": ids})}
-        rows = [
-            {
-                "message_id": mid,
-                "channel_id": cid,
-                "state": STATE_READY,
-                "visible_at": now,
-                "attempts": 0,
-                "max_attempts": attempts,
-            }
-            for mid, attempts in wanted
-            for cid in channel_ids
-            if (mid, cid) not in live
-        ]
-        if not rows:
-            return 0
-        conn.execute(
-            _extend_expiry,
-            {
-                "p_ids": sorted({row["message_id"] for row in rows}),
-                "p_expires": now + int(self._default_ttl * US),
-            },
+        ttl_us = int(self._default_ttl * US)
+        created, effects = self._run_timed(
+            "", browse.replay_range, topic, first, last, names, ttl_us
         )
-        conn.execute(sa.insert(d), rows)
-        self._dialect.notify(conn, topic)
-        tally.add("published", day_of(now), Counter(row["channel_id"] for row in rows))
-        return len(rows)
+        self._apply(effects)
+        return created
 
     # -- prune ----------------------------------------------------------------------------------
 
@@ -881,52 +337,13 @@ class OperatingClient(CoreClient):
         Deleted deliveries, dead ones included, count as ``purged``.
         """
         cutoff = to_us(_validate.moment(before, "before"))
-        topic_ids = [
-            int(r[0])
-            for r in self._run(
-                lambda conn: conn.execute(sa.select(topics.c.id).order_by(topics.c.id)).all()
-            )
-        ]
+        topic_ids = self._run_op("", browse.topic_ids)
         if dry_run:
-
-            def count(conn: sa.Connection) -> int:
-                return sum(
-                    int(
-                        conn.execute(
-                            _prune_count, {"p_topic_id": tid, "p_before": cutoff}
-                        ).scalar_one()
-                    )
-                    for tid in topic_ids
-                )
-
-            return self._run(count)
+            return self._run_op("", browse.prune_count, topic_ids, cutoff)
         batch = self.options.maintenance_batch
-        total = 0
-        for topic_id in topic_ids:
-            while True:
-
-                def work(conn: sa.Connection, tally: Tally, tid: int = topic_id) -> tuple[int, int]:
-                    params = {"p_topic_id": tid, "p_before": cutoff, "p_limit": batch}
-                    ids = [int(r[0]) for r in conn.execute(_prune_batch, params)]
-                    if not ids:
-                        return 0, 0
-                    purged = self._dialect.delete_deliveries(conn, d.c.message_id.in_(ids))
-                    self._count_purged(purged, self._now(), tally)
-                    deleted = conn.execute(sa.delete(m).where(m.c.id.in_(ids))).rowcount
-                    return len(ids), int(deleted)
-
-                seen, deleted = self._run_counted(work)
-                total += deleted
-                if seen < batch:
-                    break
+        total = sum(
+            self._in_batches(browse.prune_batch, topic_id, cutoff, batch) for topic_id in topic_ids
+        )
         if total:
             self.log.info("pruned %d messages published before %s", total, before.isoformat())
         return total
-
-
-def _window(stmt: sa.Select[Any], first: date | None, last: date | None) -> sa.Select[Any]:
-    if first is not None:
-        stmt = stmt.where(stats.c.day >= first)
-    if last is not None:
-        stmt = stmt.where(stats.c.day <= last)
-    return stmt

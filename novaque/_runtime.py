@@ -34,8 +34,9 @@ from novaque._signals import Signals
 from novaque.consumer import Consumer, Handler, RetryDelay
 from novaque.errors import InvalidOption, SchemaOutOfDate
 from novaque.models import Message
+from novaque.ops import consume
 from novaque.options import Backoff, Duration, Options, check_int, seconds
-from novaque.schema import STATE_LEASED, STATE_READY, deliveries
+from novaque.schema import deliveries
 
 __all__ = ["RuntimeClient"]
 
@@ -50,24 +51,9 @@ LISTEN_WAIT_S = 5.0
 #: Spread of maintenance intervals (+-10 %), so processes do not run in lockstep.
 INTERVAL_JITTER = 0.1
 
+
 # Give unstarted deliveries back without counting their attempt: the claim
 # counted it, nothing ran. Fenced by the token like every settle.
-_release = (
-    sa.update(d)
-    .where(
-        d.c.id.in_(sa.bindparam("p_ids", expanding=True)),
-        d.c.lease_token == sa.bindparam("p_token"),
-        d.c.state == STATE_LEASED,
-    )
-    .values(
-        state=STATE_READY,
-        visible_at=sa.bindparam("p_now"),
-        lease_token=None,
-        attempts=d.c.attempts - 1,
-    )
-)
-
-
 @dataclass
 class _Job:
     name: str
@@ -216,21 +202,7 @@ class RuntimeClient(CoreClient):
 
     def _release(self, msgs: Sequence[Message]) -> int:
         """Release leased, unstarted deliveries at once; their attempt is not counted."""
-        by_token: dict[str, list[int]] = {}
-        for msg in msgs:
-            by_token.setdefault(msg.lease_token, []).append(msg.delivery_id)
-
-        def write(conn: sa.Connection) -> int:
-            now = self._now()
-            return sum(
-                conn.execute(
-                    _release, {"p_ids": sorted(ids), "p_token": token, "p_now": now}
-                ).rowcount
-                for token, ids in sorted(by_token.items())
-            )
-
-        released: int = self._run(write)
-        return released
+        return self._run_timed("", consume.release, msgs)
 
     # -- wake-ups -------------------------------------------------------------------
 

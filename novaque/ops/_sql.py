@@ -1,0 +1,226 @@
+"""The operator's statements (counters, backlog, dead letters, messages, replay,
+prune): portable SQLAlchemy Core, built once at import from bound parameters."""
+
+from __future__ import annotations
+
+from datetime import date
+from typing import Any
+
+import sqlalchemy as sa
+
+from novaque.schema import (
+    COUNTER_COLUMNS,
+    DEAD_VISIBLE_AT,
+    STATE_DEAD,
+    STATE_LEASED,
+    STATE_READY,
+    channels,
+    deliveries,
+    messages,
+    stats,
+    topics,
+)
+
+d = deliveries
+m = messages
+
+
+def _p(name: str, type_: Any = sa.BigInteger) -> sa.BindParameter[Any]:
+    return sa.bindparam(name, type_=type_)
+
+
+def _ids(name: str = "p_ids") -> sa.BindParameter[Any]:
+    return sa.bindparam(name, expanding=True)
+
+
+# -- counters -------------------------------------------------------------------------
+
+_sums = [sa.func.coalesce(sa.func.sum(stats.c[col]), 0) for col in COUNTER_COLUMNS]
+_channels_of = sa.select(channels.c.id).where(channels.c.topic_id == _p("p_topic_id", sa.Integer))
+
+# -- backlog: four index-only range counts on ix_novaque_deliveries_state per channel ----
+#
+# Counting each state's range separately (rather than one GROUP BY with a CASE)
+# keeps every planner on the index, even for a channel that holds most of the
+# table, and is ~2.5x faster on PostgreSQL with a million rows.
+
+
+def _count(*where: sa.ColumnElement[bool]) -> sa.ScalarSelect[Any]:
+    return (
+        sa.select(sa.func.count())
+        .select_from(d)
+        .where(d.c.channel_id == channels.c.id, *where)
+        .correlate(channels)
+        .scalar_subquery()
+    )
+
+
+_now = _p("p_now")
+_backlog_columns = (
+    channels.c.id,
+    channels.c.name,
+    _count(d.c.state == STATE_READY, d.c.visible_at > _now),  # pending
+    _count(d.c.state == STATE_READY, d.c.visible_at <= _now),  # ready
+    _count(d.c.state == STATE_LEASED),  # in flight
+    _count(d.c.state == STATE_DEAD),  # dead
+)
+
+#: Live deliveries of one channel by state (``p_channel``, ``p_now``).
+BACKLOG = sa.select(*_backlog_columns).where(channels.c.id == _p("p_channel", sa.Integer))
+_TOPIC_BACKLOG = (
+    sa.select(*_backlog_columns)
+    .where(channels.c.topic_id == _p("p_topic_id", sa.Integer))
+    .order_by(channels.c.name)
+)
+
+# -- dead letters: the tail of ix_novaque_deliveries_claim, in delivery-id order -------
+
+# Dead rows, and only they, have visible_at = DEAD_VISIBLE_AT: an exact range of
+# ix_novaque_deliveries_claim in id order. (Adding "state = dead" would tempt
+# planners into ix_novaque_deliveries_state and a sort.) Updates and deletes of
+# the rows found still check the state.
+_dead_of_channel = sa.and_(
+    d.c.channel_id == _p("p_channel", sa.Integer),
+    d.c.visible_at == DEAD_VISIBLE_AT,
+)
+
+
+def _dead_page(with_body: bool) -> sa.Select[Any]:
+    fields: list[Any] = [
+        d.c.id,
+        d.c.message_id,
+        d.c.attempts,
+        d.c.dead_reason,
+        d.c.last_error,
+        d.c.died_at,
+        m.c.published_at,
+        sa.func.length(m.c.body),
+    ]
+    if with_body:
+        fields.append(m.c.body)
+    return (
+        sa.select(*fields)
+        .join_from(d, m, m.c.id == d.c.message_id)
+        .where(_dead_of_channel, d.c.id > _p("p_after"))
+        .order_by(d.c.id)
+        .limit(_p("p_limit", sa.Integer))
+    )
+
+
+#: One page of a channel's dead letters (``p_channel``, ``p_after``, ``p_limit``).
+DEAD_PAGE = _dead_page(False)
+_DEAD_PAGE_BODIES = _dead_page(True)
+
+_dead_batch_after = (
+    sa.select(d.c.id, d.c.message_id)
+    .where(_dead_of_channel, d.c.id > _p("p_after"))
+    .order_by(d.c.id)
+    .limit(_p("p_limit", sa.Integer))
+    .with_for_update()
+)
+_dead_batch_in = (
+    sa.select(d.c.id, d.c.message_id)
+    .where(_dead_of_channel, d.c.id.in_(_ids()))
+    .order_by(d.c.id)
+    .with_for_update()
+)
+_revive = (
+    sa.update(d)
+    .where(d.c.id.in_(_ids()), d.c.state == STATE_DEAD)
+    .values(
+        state=STATE_READY,
+        visible_at=_p("p_now"),
+        attempts=0,
+        lease_token=None,
+        dead_reason=None,
+        died_at=None,
+    )
+)
+_extend_expiry = (
+    sa.update(m)
+    .where(m.c.id.in_(_ids()), m.c.expires_at < _p("p_expires"))
+    .values(expires_at=_p("p_expires"))
+)
+_dead_count = sa.select(sa.func.count()).where(
+    d.c.channel_id == _p("p_channel", sa.Integer), d.c.state == STATE_DEAD
+)
+_dead_older_than = (
+    sa.select(d.c.id)
+    .where(_dead_of_channel, d.c.died_at < _p("p_cutoff"))
+    .order_by(d.c.died_at, d.c.id)
+    .limit(_p("p_limit", sa.Integer))
+)
+_dead_boundary = (
+    sa.select(d.c.died_at, d.c.id)
+    .where(_dead_of_channel)
+    .order_by(d.c.died_at.desc(), d.c.id.desc())
+    .limit(1)
+    .offset(_p("p_offset", sa.Integer))
+)
+_dead_beyond = (
+    sa.select(d.c.id)
+    .where(
+        _dead_of_channel,
+        sa.or_(
+            d.c.died_at < _p("p_died"),
+            sa.and_(d.c.died_at == _p("p_died"), d.c.id < _p("p_id")),
+        ),
+    )
+    .order_by(d.c.died_at, d.c.id)
+    .limit(_p("p_limit", sa.Integer))
+)
+
+# -- messages ---------------------------------------------------------------------------
+
+_message = (
+    sa.select(m.c.id, topics.c.name, m.c.body, m.c.headers, m.c.published_at, m.c.expires_at)
+    .join_from(m, topics, topics.c.id == m.c.topic_id)
+    .where(m.c.id == _p("p_id"))
+)
+_deliveries_of = (
+    sa.select(
+        d.c.message_id, channels.c.name, d.c.state, d.c.attempts, d.c.last_error, d.c.visible_at
+    )
+    .join_from(d, channels, channels.c.id == d.c.channel_id)
+    .where(d.c.message_id.in_(_ids()))
+    .order_by(d.c.message_id, channels.c.name)
+)
+# Locks the message only: replays of one message take turns (no duplicate
+# deliveries) and TTL purge or prune cannot delete it meanwhile.
+_lock_message = (
+    sa.select(m.c.topic_id, m.c.max_attempts).where(m.c.id == _p("p_id")).with_for_update()
+)
+_topic_name = sa.select(topics.c.name).where(topics.c.id == _p("p_topic_id", sa.Integer))
+_live_pairs = sa.select(d.c.message_id, d.c.channel_id).where(d.c.message_id.in_(_ids()))
+_range_chunk = (
+    sa.select(m.c.id, m.c.max_attempts, m.c.published_at)
+    .where(
+        m.c.topic_id == _p("p_topic_id", sa.Integer),
+        m.c.published_at >= _p("p_since"),
+        m.c.published_at < _p("p_until"),
+        sa.or_(
+            m.c.published_at > _p("p_pub"),
+            sa.and_(m.c.published_at == _p("p_pub"), m.c.id > _p("p_id")),
+        ),
+    )
+    .order_by(m.c.published_at, m.c.id)
+    .limit(_p("p_limit", sa.Integer))
+    .with_for_update()
+)
+_prune_count = sa.select(sa.func.count()).where(
+    m.c.topic_id == _p("p_topic_id", sa.Integer), m.c.published_at < _p("p_before")
+)
+_prune_batch = (
+    sa.select(m.c.id)
+    .where(m.c.topic_id == _p("p_topic_id", sa.Integer), m.c.published_at < _p("p_before"))
+    .order_by(m.c.published_at, m.c.id)
+    .limit(_p("p_limit", sa.Integer))
+)
+
+
+def window(stmt: sa.Select[Any], first: date | None, last: date | None) -> sa.Select[Any]:
+    if first is not None:
+        stmt = stmt.where(stats.c.day >= first)
+    if last is not None:
+        stmt = stmt.where(stats.c.day <= last)
+    return stmt

@@ -1,0 +1,438 @@
+"""The operator's reads and repairs: counters, backlog, dead letters, messages,
+replay and prune. Reads never create a topic or a channel."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import date
+from typing import Any, Literal
+
+import sqlalchemy as sa
+
+from novaque import _dialect, _validate
+from novaque._stats import Tally
+from novaque._time import day_of, from_us
+from novaque.errors import ChannelNotFound, MessageNotFound
+from novaque.models import (
+    Backlog,
+    Counters,
+    DeadLetter,
+    DeliveryInfo,
+    DeliveryState,
+    MessageInfo,
+)
+from novaque.ops import Batch, Effects, _sql
+from novaque.ops.maintain import count_purged, delete_dead_rows
+from novaque.ops.topology import existing_channel_id, existing_topic_id
+from novaque.schema import (
+    COUNTER_COLUMNS,
+    STATE_DEAD,
+    STATE_LEASED,
+    STATE_READY,
+    channels,
+    deliveries,
+    messages,
+    stats,
+    topics,
+)
+
+d = deliveries
+m = messages
+
+#: Messages handled per statement by replay (keeps statements and IN lists small).
+REPLAY_CHUNK = 500
+
+
+def _counters(row: Any) -> Counters:
+    return Counters(*(int(v or 0) for v in row))
+
+
+def _state(state: int, visible_at: int, now: int) -> DeliveryState:
+    if state == STATE_DEAD:
+        return "dead"
+    if state == STATE_LEASED:
+        return "in_flight"
+    return "pending" if visible_at > now else "ready"
+
+
+# -- counters -----------------------------------------------------------------------------
+
+
+def channel_counters(
+    conn: sa.Connection,
+    dialect: _dialect.Dialect,
+    topic: str,
+    channel: str,
+    first: date | None,
+    last: date | None,
+) -> Counters:
+    channel_id = existing_channel_id(conn, topic, channel)
+    stmt = _sql.window(sa.select(*_sql._sums).where(stats.c.channel_id == channel_id), first, last)
+    return _counters(conn.execute(stmt).one())
+
+
+def topic_counters(
+    conn: sa.Connection,
+    dialect: _dialect.Dialect,
+    topic: str,
+    first: date | None,
+    last: date | None,
+) -> Counters:
+    topic_id = existing_topic_id(conn, topic)
+    stmt = _sql.window(
+        sa.select(*_sql._sums).where(stats.c.channel_id.in_(_sql._channels_of)), first, last
+    )
+    return _counters(conn.execute(stmt, {"p_topic_id": topic_id}).one())
+
+
+def daily_counters(
+    conn: sa.Connection,
+    dialect: _dialect.Dialect,
+    topic: str,
+    channel: str,
+    first: date | None,
+    last: date | None,
+) -> list[tuple[date, Counters]]:
+    channel_id = existing_channel_id(conn, topic, channel)
+    stmt = _sql.window(
+        sa.select(stats.c.day, *(stats.c[col] for col in COUNTER_COLUMNS))
+        .where(stats.c.channel_id == channel_id)
+        .order_by(stats.c.day),
+        first,
+        last,
+    )
+    days = [(row[0], _counters(row[1:])) for row in conn.execute(stmt)]
+    return [(day, counters) for day, counters in days if counters != Counters()]
+
+
+# -- backlog ------------------------------------------------------------------------------
+
+
+def channel_backlog(
+    conn: sa.Connection, dialect: _dialect.Dialect, now: int, topic: str, channel: str
+) -> Backlog:
+    channel_id = existing_channel_id(conn, topic, channel)
+    row = conn.execute(_sql.BACKLOG, {"p_channel": channel_id, "p_now": now}).one()
+    return Backlog(*(int(n) for n in row[2:]))
+
+
+def topic_backlog(
+    conn: sa.Connection, dialect: _dialect.Dialect, now: int, topic: str
+) -> dict[str, Backlog]:
+    topic_id = existing_topic_id(conn, topic)
+    rows = conn.execute(_sql._TOPIC_BACKLOG, {"p_topic_id": topic_id, "p_now": now})
+    return {row[1]: Backlog(*(int(n) for n in row[2:])) for row in rows}
+
+
+# -- dead letters -------------------------------------------------------------------------
+
+
+def list_dead(
+    conn: sa.Connection,
+    dialect: _dialect.Dialect,
+    topic: str,
+    channel: str,
+    page: int,
+    after: int,
+    with_body: bool,
+) -> list[DeadLetter]:
+    stmt = _sql._DEAD_PAGE_BODIES if with_body else _sql.DEAD_PAGE
+    channel_id = existing_channel_id(conn, topic, channel)
+    rows = conn.execute(stmt, {"p_channel": channel_id, "p_after": after, "p_limit": page}).all()
+    return [
+        DeadLetter(
+            delivery_id=int(row[0]),
+            message_id=int(row[1]),
+            attempts=int(row[2]),
+            reason=row[3] or "rejected",
+            last_error=row[4],
+            body_len=int(row[7]),
+            published_at=from_us(row[6]),
+            died_at=from_us(row[5]),
+            body=bytes(row[8]) if with_body else None,
+        )
+        for row in rows
+    ]
+
+
+DeadAction = Literal["requeue", "delete"]
+
+
+def dead_batch(
+    conn: sa.Connection,
+    dialect: _dialect.Dialect,
+    now: int,
+    action: DeadAction,
+    topic: str,
+    channel_id: int,
+    chosen: list[int] | None,
+    after: int,
+    batch: int,
+    ttl_us: int,
+) -> tuple[int, int, int, Effects]:
+    """Lock a batch of the channel's dead letters (the ``chosen`` delivery ids, or
+    the next ``batch`` after id ``after``) and requeue or delete them: (seen,
+    done, last id seen, effects)."""
+    if chosen is not None:
+        rows = conn.execute(_sql._dead_batch_in, {"p_channel": channel_id, "p_ids": chosen}).all()
+        last = after
+    else:
+        params = {"p_channel": channel_id, "p_after": after, "p_limit": batch}
+        rows = conn.execute(_sql._dead_batch_after, params).all()
+        last = int(rows[-1][0]) if rows else after
+    tally = Tally()
+    if chosen is None and not rows:
+        return 0, 0, after, Effects(tally=tally)
+    delivery_ids = [int(r[0]) for r in rows]
+    if action == "delete":
+        done = delete_dead_rows(conn, dialect, now, delivery_ids, tally)
+    else:
+        done = int(conn.execute(_sql._revive, {"p_ids": delivery_ids, "p_now": now}).rowcount)
+        conn.execute(
+            _sql._extend_expiry,
+            {"p_ids": sorted({int(r[1]) for r in rows}), "p_expires": now + ttl_us},
+        )
+        tally.add("requeued", day_of(now), {channel_id: done})
+        if done:
+            dialect.notify(conn, topic)
+    return len(rows), done, last, Effects(tally=tally)
+
+
+# -- messages -----------------------------------------------------------------------------
+
+
+def get_message(
+    conn: sa.Connection, dialect: _dialect.Dialect, now: int, message_id: int
+) -> MessageInfo:
+    row = conn.execute(_sql._message, {"p_id": message_id}).one_or_none()
+    if row is None:
+        raise MessageNotFound(f"message {message_id} does not exist")
+    return _with_deliveries(conn, now, [row[0]], {row[0]: row[1]}, [row[2:]])[0]
+
+
+def list_messages(
+    conn: sa.Connection,
+    dialect: _dialect.Dialect,
+    now: int,
+    topic: str,
+    since_us: int | None,
+    until_us: int | None,
+    page: int,
+    after: int,
+) -> list[MessageInfo]:
+    stmt = (
+        sa.select(m.c.id, m.c.body, m.c.headers, m.c.published_at, m.c.expires_at)
+        .where(m.c.topic_id == _sql._p("p_topic_id", sa.Integer), m.c.id > _sql._p("p_after"))
+        .order_by(m.c.id)
+        .limit(_sql._p("p_limit", sa.Integer))
+    )
+    params: dict[str, Any] = {"p_after": after, "p_limit": page}
+    if since_us is not None:
+        stmt = stmt.where(m.c.published_at >= _sql._p("p_since"))
+        params["p_since"] = since_us
+    if until_us is not None:
+        stmt = stmt.where(m.c.published_at < _sql._p("p_until"))
+        params["p_until"] = until_us
+    params["p_topic_id"] = existing_topic_id(conn, topic)
+    rows = conn.execute(stmt, params).all()
+    ids = [int(r[0]) for r in rows]
+    return _with_deliveries(conn, now, ids, dict.fromkeys(ids, topic), [r[1:] for r in rows])
+
+
+def _with_deliveries(
+    conn: sa.Connection,
+    now: int,
+    ids: list[int],
+    topic_of: dict[int, str],
+    fields: list[Any],
+) -> list[MessageInfo]:
+    """MessageInfo for messages ``ids`` (fields: body, headers, published, expires)."""
+    if not ids:
+        return []
+    found: dict[int, list[DeliveryInfo]] = {i: [] for i in ids}
+    for message_id, name, state, attempts, error, visible in conn.execute(
+        _sql._deliveries_of, {"p_ids": ids}
+    ):
+        found[int(message_id)].append(
+            DeliveryInfo(
+                channel=name,
+                state=_state(state, visible, now),
+                attempts=int(attempts),
+                last_error=error,
+                visible_at=None if state == STATE_DEAD else from_us(visible),
+            )
+        )
+    return [
+        MessageInfo(
+            id=i,
+            topic=topic_of[i],
+            body=bytes(body),
+            headers=_validate.decode_headers(headers),
+            published_at=from_us(published),
+            expires_at=from_us(expires),
+            deliveries=found[i],
+        )
+        for i, (body, headers, published, expires) in zip(ids, fields, strict=True)
+    ]
+
+
+# -- replay -------------------------------------------------------------------------------
+
+
+def replay(
+    conn: sa.Connection,
+    dialect: _dialect.Dialect,
+    now: int,
+    message_id: int,
+    names: list[str] | None,
+    ttl_us: int,
+) -> tuple[int, Effects]:
+    """Deliver message ``message_id`` again to channels ``names`` (None: all):
+    how many deliveries were created, and what to count and wake."""
+    row = conn.execute(_sql._lock_message, {"p_id": message_id}).one_or_none()
+    if row is None:
+        raise MessageNotFound(f"message {message_id} does not exist")
+    topic_id, max_attempts = int(row[0]), int(row[1])
+    topic = conn.execute(_sql._topic_name, {"p_topic_id": topic_id}).scalar_one()
+    channel_ids = _replay_channels(conn, topic, topic_id, names)
+    tally = Tally()
+    created = _replay_rows(
+        conn, dialect, now, tally, topic, channel_ids, [(message_id, max_attempts)], ttl_us
+    )
+    return created, Effects(tally=tally, wake=(topic,) if created else ())
+
+
+def replay_range(
+    conn: sa.Connection,
+    dialect: _dialect.Dialect,
+    now: int,
+    topic: str,
+    first: int,
+    last: int,
+    names: list[str] | None,
+    ttl_us: int,
+) -> tuple[int, Effects]:
+    """:func:`replay` every message of ``topic`` published in ``[first, last)``."""
+    topic_id = existing_topic_id(conn, topic)
+    channel_ids = _replay_channels(conn, topic, topic_id, names)
+    tally = Tally()
+    created = 0
+    pub, last_id = first - 1, 0
+    while True:
+        rows = conn.execute(
+            _sql._range_chunk,
+            {
+                "p_topic_id": topic_id,
+                "p_since": first,
+                "p_until": last,
+                "p_pub": pub,
+                "p_id": last_id,
+                "p_limit": REPLAY_CHUNK,
+            },
+        ).all()
+        if rows:
+            created += _replay_rows(
+                conn,
+                dialect,
+                now,
+                tally,
+                topic,
+                channel_ids,
+                [(int(r[0]), int(r[1])) for r in rows],
+                ttl_us,
+            )
+            pub, last_id = int(rows[-1][2]), int(rows[-1][0])
+        if len(rows) < REPLAY_CHUNK:
+            return created, Effects(tally=tally, wake=(topic,) if created else ())
+
+
+def _replay_channels(
+    conn: sa.Connection, topic: str, topic_id: int, names: list[str] | None
+) -> list[int]:
+    query = sa.select(channels.c.name, channels.c.id).where(channels.c.topic_id == topic_id)
+    if names is not None:
+        query = query.where(channels.c.name.in_(names))
+    found = {name: int(cid) for name, cid in conn.execute(query)}
+    for name in names or ():
+        if name not in found:
+            raise ChannelNotFound(f"channel {name!r} of topic {topic!r} does not exist")
+    return sorted(found.values())
+
+
+def _replay_rows(
+    conn: sa.Connection,
+    dialect: _dialect.Dialect,
+    now: int,
+    tally: Tally,
+    topic: str,
+    channel_ids: list[int],
+    wanted: list[tuple[int, int]],
+    ttl_us: int,
+) -> int:
+    """Create the missing deliveries of messages ``wanted`` ((id, max_attempts))."""
+    if not channel_ids or not wanted:
+        return 0
+    ids = [mid for mid, _ in wanted]
+    live = {(int(a), int(b)) for a, b in conn.execute(_sql._live_pairs, {"p_ids": ids})}
+    rows = [
+        {
+            "message_id": mid,
+            "channel_id": cid,
+            "state": STATE_READY,
+            "visible_at": now,
+            "attempts": 0,
+            "max_attempts": attempts,
+        }
+        for mid, attempts in wanted
+        for cid in channel_ids
+        if (mid, cid) not in live
+    ]
+    if not rows:
+        return 0
+    conn.execute(
+        _sql._extend_expiry,
+        {"p_ids": sorted({row["message_id"] for row in rows}), "p_expires": now + ttl_us},
+    )
+    conn.execute(sa.insert(d), rows)
+    dialect.notify(conn, topic)
+    tally.add("published", day_of(now), Counter(row["channel_id"] for row in rows))
+    return len(rows)
+
+
+# -- prune --------------------------------------------------------------------------------
+
+
+def topic_ids(conn: sa.Connection, dialect: _dialect.Dialect) -> list[int]:
+    """Every topic's id, in order."""
+    return [int(r[0]) for r in conn.execute(sa.select(topics.c.id).order_by(topics.c.id))]
+
+
+def prune_count(
+    conn: sa.Connection, dialect: _dialect.Dialect, topic_ids: list[int], cutoff: int
+) -> int:
+    """How many messages of ``topic_ids`` were published before ``cutoff``."""
+    return sum(
+        int(conn.execute(_sql._prune_count, {"p_topic_id": tid, "p_before": cutoff}).scalar_one())
+        for tid in topic_ids
+    )
+
+
+def prune_batch(
+    conn: sa.Connection,
+    dialect: _dialect.Dialect,
+    now: int,
+    topic_id: int,
+    cutoff: int,
+    batch: int,
+) -> Batch:
+    """Delete up to ``batch`` messages of ``topic_id`` published before ``cutoff``
+    with their deliveries: (seen, deleted, the purged to count)."""
+    tally = Tally()
+    params = {"p_topic_id": topic_id, "p_before": cutoff, "p_limit": batch}
+    ids = [int(r[0]) for r in conn.execute(_sql._prune_batch, params)]
+    if not ids:
+        return 0, 0, Effects(tally=tally)
+    purged = dialect.delete_deliveries(conn, d.c.message_id.in_(ids))
+    count_purged(purged, now, tally)
+    deleted = conn.execute(sa.delete(m).where(m.c.id.in_(ids))).rowcount
+    return len(ids), int(deleted), Effects(tally=tally)

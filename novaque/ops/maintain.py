@@ -1,0 +1,232 @@
+"""Maintenance: the lease reaper, TTL purge, dead-letter retention, stats flush and prune."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import date
+from typing import Any
+
+import sqlalchemy as sa
+
+from novaque import _dialect
+from novaque._stats import Tally
+from novaque._time import day_of
+from novaque.ops import Batch, Effects, _sql
+from novaque.schema import (
+    COUNTER_COLUMNS,
+    DEAD_VISIBLE_AT,
+    STATE_DEAD,
+    STATE_LEASED,
+    STATE_READY,
+    channels,
+    deliveries,
+    messages,
+    stats,
+)
+
+d = deliveries
+
+
+def stats_rows(
+    deltas: dict[tuple[int, date], Any], only: str | None = None
+) -> list[dict[str, Any]]:
+    """Rows for :meth:`Dialect.upsert_stats`: ``deltas`` maps (channel, day) to the
+    counter values in :data:`COUNTER_COLUMNS` order, or, with ``only``, to the
+    count of that one counter."""
+    rows = []
+    for (channel_id, day), values in sorted(deltas.items()):
+        counts = (
+            dict(zip(COUNTER_COLUMNS, values, strict=True))
+            if only is None
+            else {c: values if c == only else 0 for c in COUNTER_COLUMNS}
+        )
+        rows.append({"channel_id": channel_id, "day": day, **counts})
+    return rows
+
+
+def count_purged(channel_ids: list[int], now: int, tally: Tally) -> None:
+    """Count deleted deliveries (one channel id each) as purged in ``tally``."""
+    if channel_ids:
+        tally.add("purged", day_of(now), Counter(channel_ids))
+
+
+def delete_dead_rows(
+    conn: sa.Connection, dialect: _dialect.Dialect, now: int, delivery_ids: list[int], tally: Tally
+) -> int:
+    """Delete the dead ones of deliveries ``delivery_ids``, counted as purged in
+    ``tally``; return how many."""
+    if not delivery_ids:
+        return 0
+    purged = dialect.delete_deliveries(
+        conn, sa.and_(d.c.id.in_(delivery_ids), d.c.state == STATE_DEAD)
+    )
+    count_purged(purged, now, tally)
+    return len(purged)
+
+
+# -- the lease reaper -------------------------------------------------------------------
+
+
+def reap_batch(conn: sa.Connection, dialect: _dialect.Dialect, now: int, batch: int) -> Batch:
+    """Release up to ``batch`` expired leases (dead-letter those out of attempts):
+    how many expired leases were found, how many deliveries changed, and the
+    deaths to count."""
+    expired = conn.execute(
+        sa.select(d.c.id, d.c.channel_id, d.c.attempts >= d.c.max_attempts)
+        .join_from(
+            channels,
+            d,
+            sa.and_(
+                d.c.channel_id == channels.c.id,
+                d.c.state == STATE_LEASED,
+                d.c.visible_at <= now,
+            ),
+        )
+        .order_by(d.c.id)
+        .limit(batch)
+    ).all()
+    groups: dict[tuple[int, bool], list[int]] = {}
+    for delivery_id, channel_id, spent in expired:
+        groups.setdefault((int(channel_id), bool(spent)), []).append(int(delivery_id))
+    leased_expired = sa.and_(d.c.state == STATE_LEASED, d.c.visible_at <= now)
+    dead: Counter[int] = Counter()
+    changed = 0
+    for (channel_id, spent), ids in sorted(groups.items()):
+        if spent:
+            values: dict[str, Any] = {
+                "state": STATE_DEAD,
+                "visible_at": DEAD_VISIBLE_AT,
+                "lease_token": None,
+                "dead_reason": "max_attempts",
+                "died_at": now,
+                "last_error": sa.func.coalesce(d.c.last_error, "lease expired"),
+            }
+        else:
+            values = {"state": STATE_READY, "visible_at": now, "lease_token": None}
+        count = conn.execute(
+            sa.update(d).where(d.c.id.in_(ids), leased_expired).values(values)
+        ).rowcount
+        changed += count
+        if spent:
+            dead[channel_id] += count
+    tally = Tally()
+    tally.add("dead", day_of(now), dead)
+    return len(expired), changed, Effects(tally=tally)
+
+
+# -- TTL purge --------------------------------------------------------------------------
+
+
+def purge_batch(conn: sa.Connection, dialect: _dialect.Dialect, now: int, batch: int) -> Batch:
+    """Delete up to ``batch`` messages past their TTL with their deliveries: how
+    many (twice: seen and deleted), and the purged deliveries to count."""
+    tally = Tally()
+    # Locked (skipping messages another purge or a replay holds), and the
+    # expiry checked on the latest committed row: a replay that has just
+    # extended a message's life keeps it, and its new delivery with it.
+    ids = [
+        int(r[0])
+        for r in conn.execute(
+            sa.select(messages.c.id)
+            .where(messages.c.expires_at <= now)
+            .order_by(messages.c.expires_at, messages.c.id)
+            .limit(batch)
+            .with_for_update(skip_locked=True)
+        )
+    ]
+    if not ids:
+        return 0, 0, Effects(tally=tally)
+    purged = dialect.delete_deliveries(conn, d.c.message_id.in_(ids))
+    count_purged(purged, now, tally)
+    conn.execute(sa.delete(messages).where(messages.c.id.in_(ids)))
+    return len(ids), len(ids), Effects(tally=tally)
+
+
+# -- dead-letter retention --------------------------------------------------------------
+
+
+def dead_bounds(
+    conn: sa.Connection, dialect: _dialect.Dialect, only_bounded: bool
+) -> list[tuple[int, int | None, int | None]]:
+    """(channel id, dead_max_age, dead_max_count) of every channel; with
+    ``only_bounded``, only of those with a bound of their own."""
+    query = sa.select(channels.c.id, channels.c.dead_max_age, channels.c.dead_max_count).order_by(
+        channels.c.id
+    )
+    if only_bounded:
+        query = query.where(
+            sa.or_(channels.c.dead_max_age.is_not(None), channels.c.dead_max_count.is_not(None))
+        )
+    return [(int(r[0]), r[1], r[2]) for r in conn.execute(query)]
+
+
+def retire_older_batch(
+    conn: sa.Connection,
+    dialect: _dialect.Dialect,
+    now: int,
+    channel_id: int,
+    max_age_us: int,
+    batch: int,
+) -> Batch:
+    """Delete up to ``batch`` dead letters that died over ``max_age_us`` ago: how
+    many were found, how many deleted, and the purged to count."""
+    params = {"p_channel": channel_id, "p_cutoff": now - max_age_us, "p_limit": batch}
+    found = [int(r[0]) for r in conn.execute(_sql._dead_older_than, params)]
+    tally = Tally()
+    return len(found), delete_dead_rows(conn, dialect, now, found, tally), Effects(tally=tally)
+
+
+def dead_boundary(
+    conn: sa.Connection, dialect: _dialect.Dialect, channel_id: int, keep: int
+) -> tuple[int, int] | None:
+    """(died_at, id) of the oldest letter kept (older ones go); None: within bounds."""
+    dead = int(conn.execute(_sql._dead_count, {"p_channel": channel_id}).scalar_one())
+    if dead <= keep:
+        return None
+    if keep == 0:
+        return DEAD_VISIBLE_AT, 0  # beyond every real died_at: delete them all
+    row = conn.execute(
+        _sql._dead_boundary, {"p_channel": channel_id, "p_offset": keep - 1}
+    ).one_or_none()
+    return None if row is None else (int(row[0]), int(row[1]))
+
+
+def retire_beyond_batch(
+    conn: sa.Connection,
+    dialect: _dialect.Dialect,
+    now: int,
+    channel_id: int,
+    edge: tuple[int, int],
+    batch: int,
+) -> Batch:
+    """Delete up to ``batch`` dead letters older than ``edge`` (see
+    :func:`dead_boundary`): how many were found, how many deleted, and the
+    purged to count."""
+    died, last_id = edge
+    params = {"p_channel": channel_id, "p_died": died, "p_id": last_id, "p_limit": batch}
+    found = [int(r[0]) for r in conn.execute(_sql._dead_beyond, params)]
+    tally = Tally()
+    return len(found), delete_dead_rows(conn, dialect, now, found, tally), Effects(tally=tally)
+
+
+# -- counters ---------------------------------------------------------------------------
+
+
+def flush_stats(conn: sa.Connection, dialect: _dialect.Dialect, rows: list[dict[str, Any]]) -> None:
+    """Add counter rows (see :func:`stats_rows`) to the stats table; those of
+    channels deleted since are dropped with them."""
+    alive = {
+        int(r[0])
+        for r in conn.execute(
+            sa.select(channels.c.id).where(channels.c.id.in_({row["channel_id"] for row in rows}))
+        )
+    }
+    kept = [row for row in rows if row["channel_id"] in alive]
+    if kept:
+        dialect.upsert_stats(conn, kept)
+
+
+def prune_stats(conn: sa.Connection, dialect: _dialect.Dialect, first_kept: date) -> int:
+    """Delete the day buckets before ``first_kept``; return how many."""
+    result: int = conn.execute(sa.delete(stats).where(stats.c.day < first_kept)).rowcount
+    return result

@@ -1,0 +1,125 @@
+"""Topics and channels: lookups, creation, deletion, listing."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from novaque import _dialect
+from novaque.errors import ChannelNotFound, TopicNotFound
+from novaque.schema import channels, deliveries, messages, stats, topics
+
+d = deliveries
+
+_channel_ids = (
+    sa.select(channels.c.id)
+    .join_from(channels, topics, channels.c.topic_id == topics.c.id)
+    .where(topics.c.name == sa.bindparam("p_topic"), channels.c.name == sa.bindparam("p_channel"))
+)
+_topic_id = sa.select(topics.c.id).where(topics.c.name == sa.bindparam("p_topic"))
+
+
+def topic_id_in(conn: sa.Connection, dialect: _dialect.Dialect, now: int, topic: str) -> int:
+    """The id of ``topic`` as ``conn``'s transaction sees the latest commit,
+    creating the topic if it does not exist."""
+    lookup = dialect.read_latest(_topic_id)
+    found = conn.execute(lookup, {"p_topic": topic}).scalar_one_or_none()
+    if found is None:
+        dialect.insert_ignore(conn, topics, {"name": topic, "created_at": now})
+        found = conn.execute(lookup, {"p_topic": topic}).scalar_one()
+    return int(found)
+
+
+def existing_topic_id(conn: sa.Connection, topic: str) -> int:
+    found = conn.execute(_topic_id, {"p_topic": topic}).scalar_one_or_none()
+    if found is None:
+        raise TopicNotFound(f"topic {topic!r} does not exist")
+    return int(found)
+
+
+def existing_channel_id(conn: sa.Connection, topic: str, channel: str) -> int:
+    found = conn.execute(
+        _channel_ids, {"p_topic": topic, "p_channel": channel}
+    ).scalar_one_or_none()
+    if found is None:
+        existing_topic_id(conn, topic)
+        raise ChannelNotFound(f"channel {channel!r} of topic {topic!r} does not exist")
+    return int(found)
+
+
+def ensure_topic(conn: sa.Connection, dialect: _dialect.Dialect, now: int, topic: str) -> None:
+    topic_id_in(conn, dialect, now, topic)
+
+
+def ensure_channel(
+    conn: sa.Connection,
+    dialect: _dialect.Dialect,
+    now: int,
+    topic: str,
+    channel: str,
+    dead_max_age_us: int | None,
+    dead_max_count: int | None,
+) -> None:
+    """Create the channel (and its topic) if missing; replace the dead-letter
+    bounds given (not None)."""
+    topic_id = topic_id_in(conn, dialect, now, topic)
+    dialect.insert_ignore(
+        conn,
+        channels,
+        {
+            "topic_id": topic_id,
+            "name": channel,
+            "created_at": now,
+            "dead_max_age": dead_max_age_us,
+            "dead_max_count": dead_max_count,
+        },
+    )
+    bounds = {
+        k: v
+        for k, v in (("dead_max_age", dead_max_age_us), ("dead_max_count", dead_max_count))
+        if v is not None
+    }
+    if bounds:
+        conn.execute(
+            sa.update(channels)
+            .where(channels.c.topic_id == topic_id, channels.c.name == channel)
+            .values(bounds)
+        )
+
+
+def delete_topic(conn: sa.Connection, dialect: _dialect.Dialect, topic: str) -> None:
+    topic_id = existing_topic_id(conn, topic)
+    channel_ids = sa.select(channels.c.id).where(channels.c.topic_id == topic_id)
+    conn.execute(sa.delete(stats).where(stats.c.channel_id.in_(channel_ids)))
+    conn.execute(sa.delete(d).where(d.c.channel_id.in_(channel_ids)))
+    conn.execute(sa.delete(messages).where(messages.c.topic_id == topic_id))
+    conn.execute(sa.delete(channels).where(channels.c.topic_id == topic_id))
+    conn.execute(sa.delete(topics).where(topics.c.id == topic_id))
+
+
+def delete_channel(
+    conn: sa.Connection, dialect: _dialect.Dialect, topic: str, channel: str
+) -> None:
+    channel_id = existing_channel_id(conn, topic, channel)
+    conn.execute(sa.delete(stats).where(stats.c.channel_id == channel_id))
+    conn.execute(sa.delete(d).where(d.c.channel_id == channel_id))
+    conn.execute(sa.delete(channels).where(channels.c.id == channel_id))
+
+
+def list_topics(conn: sa.Connection, dialect: _dialect.Dialect) -> list[str]:
+    return [r[0] for r in conn.execute(sa.select(topics.c.name).order_by(topics.c.name))]
+
+
+def list_channels(conn: sa.Connection, dialect: _dialect.Dialect, topic: str) -> list[str]:
+    topic_id = existing_topic_id(conn, topic)
+    return [
+        r[0]
+        for r in conn.execute(
+            sa.select(channels.c.name)
+            .where(channels.c.topic_id == topic_id)
+            .order_by(channels.c.name)
+        )
+    ]
+
+
+def channel_id(conn: sa.Connection, dialect: _dialect.Dialect, topic: str, channel: str) -> int:
+    return existing_channel_id(conn, topic, channel)
