@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from novaque import _dialect, _migrate, _validate
+from novaque import _migrate, _validate, dialects
 from novaque._stats import StatsBuffer, Tally
 from novaque._time import US, Clock, day_of, from_us
 from novaque.errors import (
@@ -150,7 +150,7 @@ class CoreClient:
             raise TypeError(f"options must be novaque.Options, got {type(options).__name__}")
         self.engine = engine
         self.log = self.options.logger
-        self._dialect = _dialect.for_engine(engine)
+        self._dialect = dialects.for_engine(engine)
         self._clock = Clock(self.options.clock)
         self._stats = StatsBuffer(on_first=self._counters_added)
         self._schema_lock = threading.Lock()
@@ -425,7 +425,7 @@ class CoreClient:
         """The checks for a caller's connection to another database (once per engine)."""
         if conn.engine in self._checked_engines:
             return
-        if _dialect.class_for(conn) is not type(self._dialect):
+        if dialects.class_for(conn) is not type(self._dialect):
             raise InvalidOption(
                 f"this client works with {self._dialect.name}; the connection given to "
                 f"publish is to {conn.dialect.name}: use a client of that database"
@@ -724,7 +724,7 @@ class CoreClient:
         token = secrets.token_hex(16)
         holder: dict[str, int] = {}
 
-        def write(conn: sa.Connection) -> list[_dialect.ClaimedRow]:
+        def write(conn: sa.Connection) -> list[dialects.ClaimedRow]:
             now = self._now()
             holder["now"], holder["until"] = now, now + int(lease_s * US)
             return self._dialect.claim(conn, channel_id, limit, now, holder["until"], token)
@@ -761,7 +761,7 @@ class CoreClient:
 
         def write(
             conn: sa.Connection,
-        ) -> tuple[set[tuple[int, str]], list[_dialect.ClaimedRow]]:
+        ) -> tuple[set[tuple[int, str]], list[dialects.ClaimedRow]]:
             now = self._now()
             holder["now"], holder["until"] = now, now + int(lease_s * US)
             return self._dialect.ack_and_claim(
@@ -781,7 +781,7 @@ class CoreClient:
 
     def _messages(
         self,
-        rows: list[_dialect.ClaimedRow],
+        rows: list[dialects.ClaimedRow],
         topic: str,
         channel: str,
         channel_id: int,

@@ -7,7 +7,7 @@ existing topic :class:`~novaque.ChannelNotFound`.
 
 Every statement here is portable SQLAlchemy Core, built once at import from
 bound parameters. What differs per database (deleting with or without
-RETURNING, EXPLAIN) goes through :mod:`novaque._dialect`.
+RETURNING, EXPLAIN) goes through :mod:`novaque.dialects`.
 
 Counters changed by these calls (``requeued``, ``published``, ``purged``) are
 recorded with the transaction and buffered only once it commits, like every

@@ -29,9 +29,9 @@ import sqlalchemy as sa
 
 from novaque import _validate
 from novaque._core import CoreClient
-from novaque._dialect import NotifyListener
 from novaque._signals import Signals
 from novaque.consumer import Consumer, Handler, RetryDelay
+from novaque.dialects import NotifyListener
 from novaque.errors import InvalidOption, SchemaOutOfDate
 from novaque.models import Message
 from novaque.options import Backoff, Duration, Options, check_int, seconds

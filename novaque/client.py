@@ -6,7 +6,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from novaque import _dialect
+from novaque import dialects
 from novaque._operate import OperatingClient
 from novaque._runtime import RuntimeClient
 from novaque.options import Options
@@ -40,6 +40,6 @@ def connect(url: str | sa.URL, **option_fields: Any) -> Client:
     """
     options = Options(**option_fields)
     pool_size = max(5, options.max_in_flight + 4)
-    client = Client(_dialect.create_engine(url, pool_size=pool_size), options)
+    client = Client(dialects.create_engine(url, pool_size=pool_size), options)
     client._owns_engine = True  # closed by client.shutdown()
     return client

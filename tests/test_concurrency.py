@@ -155,7 +155,7 @@ def test_the_applications_sqlite_engine_is_left_as_it_was(tmp_path: Path) -> Non
     client = novaque.Client(engine)
     client.migrate()
     client.publish("t", b"x")
-    assert not sa.event.contains(engine, "begin", novaque._dialect.SQLiteDialect.configure)
+    assert not sa.event.contains(engine, "begin", novaque.dialects.engines.configure_sqlite)
     with engine.connect() as conn:
         dbapi = conn.connection.dbapi_connection
         assert dbapi is not None
