@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from novaque import _migrate, _validate, dialects
+from novaque._executor import SyncExecutor
 from novaque._stats import StatsBuffer, Tally
 from novaque._time import US, Clock, day_of, from_us
 from novaque.errors import (
@@ -151,6 +152,7 @@ class CoreClient:
         self.engine = engine
         self.log = self.options.logger
         self._dialect = dialects.for_engine(engine)
+        self._executor = SyncExecutor(dialects.own_engine(engine), self._dialect)
         self._clock = Clock(self.options.clock)
         self._stats = StatsBuffer(on_first=self._counters_added)
         self._schema_lock = threading.Lock()
@@ -177,7 +179,7 @@ class CoreClient:
         Checks the database version floor first (:class:`UnsupportedDatabase`).
         Running it again is a no-op.
         """
-        with self._dialect.migration_transaction() as conn:
+        with self._executor.migration_transaction() as conn:
             self._dialect.check_floor(conn)
             with self._dialect.migration_lock(conn):
                 _migrate.upgrade(conn, to)
@@ -186,7 +188,7 @@ class CoreClient:
 
     def downgrade(self, to: str = "base") -> None:
         """Revert novaque's migrations down to ``to``; ``base`` drops every table."""
-        with self._dialect.migration_transaction() as conn, self._dialect.migration_lock(conn):
+        with self._executor.migration_transaction() as conn, self._dialect.migration_lock(conn):
             _migrate.downgrade(conn, to)
         self._schema_ok.clear()
         self._topic_ids.clear()
@@ -200,7 +202,7 @@ class CoreClient:
         with self._schema_lock:
             if self._schema_ok.is_set():
                 return
-            with self._dialect.engine.connect() as conn:
+            with self._executor.connect() as conn:
                 _migrate.require_current(conn)
                 self._clock.sample(lambda: self._dialect.db_now_us(conn))
             self._clock_sampled_at = time.monotonic()
@@ -220,7 +222,7 @@ class CoreClient:
         does it in one statement, the transaction costs one round trip.
         """
         self._ready()
-        return self._dialect.run(fn, one_statement=op in self._dialect.one_statement_ops)
+        return self._executor.run(fn, one_statement=op in self._dialect.one_statement_ops)
 
     def _run_counted(self, fn: Callable[[sa.Connection, Tally], T]) -> T:
         """Like :meth:`_run`; counters ``fn`` records count once the transaction commits."""
@@ -417,7 +419,7 @@ class CoreClient:
         engine = conn.engine
         return (
             engine is self.engine
-            or engine is self._dialect.engine
+            or engine is self._executor.engine
             or (engine.url == self.engine.url)
         )
 
@@ -567,7 +569,7 @@ class CoreClient:
         if cached is not None:
             return cached[0]
         self._ready()
-        with self._dialect.engine.connect() as conn:
+        with self._executor.connect() as conn:
             channel_id = self._existing_channel_id(conn, topic, channel)
         self._channel_cache[(topic, channel)] = (channel_id, time.monotonic())
         return channel_id
@@ -981,7 +983,7 @@ class CoreClient:
     def _resample_clock(self) -> None:
         if time.monotonic() - self._clock_sampled_at < CLOCK_SAMPLE_S:
             return
-        with self._dialect.engine.connect() as conn:
+        with self._executor.connect() as conn:
             self._clock.sample(lambda: self._dialect.db_now_us(conn))
         self._clock_sampled_at = time.monotonic()
 

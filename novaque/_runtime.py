@@ -250,7 +250,7 @@ class RuntimeClient(CoreClient):
             while not stop.is_set():
                 try:
                     if listener is None:
-                        listener = self._dialect.open_listener()
+                        listener = self._executor.open_listener()
                         if listener is None:
                             self.log.warning(
                                 "psycopg 3 is not installed: consumers poll instead of "
@@ -457,8 +457,8 @@ class RuntimeClient(CoreClient):
                 "could not flush stats at shutdown (kept in memory): %s",
                 _validate.error_text(exc),
             )
-        if self._dialect.engine is not self.engine:
-            self._dialect.engine.dispose()
+        if self._executor.engine is not self.engine:
+            self._executor.engine.dispose()
         if self._owns_engine:
             self.engine.dispose()
         if thread is not None or stopping:

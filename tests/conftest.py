@@ -120,8 +120,8 @@ class Backend:
             shutdown = getattr(made, "shutdown", None)
             if shutdown is not None:
                 shutdown(timeout=10)
-            if made._dialect.engine is not made.engine:
-                made._dialect.engine.dispose()
+            if made._executor.engine is not made.engine:
+                made._executor.engine.dispose()
         for engine in self.engines:
             engine.dispose()
         self.clients.clear()

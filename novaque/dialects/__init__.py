@@ -16,7 +16,7 @@ Nothing outside this package branches on the database.
 from __future__ import annotations
 
 from novaque.dialects.base import NOTIFY_CHANNEL, ClaimedRow, Dialect, NotifyListener
-from novaque.dialects.engines import class_for, create_engine, for_engine
+from novaque.dialects.engines import class_for, create_engine, for_engine, own_engine
 from novaque.dialects.mysql import MySQLDialect
 from novaque.dialects.postgres import PostgresDialect
 from novaque.dialects.sqlite import SQLiteDialect
@@ -32,4 +32,5 @@ __all__ = [
     "class_for",
     "create_engine",
     "for_engine",
+    "own_engine",
 ]

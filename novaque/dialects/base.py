@@ -15,9 +15,7 @@ compiled cache serves every call.
 from __future__ import annotations
 
 import contextlib
-import random
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -131,9 +129,9 @@ class Dialect:
     #: Whether the server pushes wake-ups (PostgreSQL LISTEN/NOTIFY).
     supports_notify: ClassVar[bool] = False
 
-    def __init__(self, engine: sa.Engine) -> None:
-        #: The engine novaque runs its own transactions on.
-        self.engine = engine
+    #: Whether one transaction at a time may write (SQLite locks the whole
+    #: file): the executor then makes novaque's threads take turns per file.
+    one_writer: ClassVar[bool] = False
 
     # -- set-up -----------------------------------------------------------------
 
@@ -164,10 +162,16 @@ class Dialect:
         return None
 
     @contextlib.contextmanager
-    def migration_transaction(self) -> Iterator[sa.Connection]:
-        """The transaction that :meth:`Client.migrate` and ``downgrade`` run in."""
-        with self.engine.begin() as conn:
-            yield conn
+    def migration_session(self, conn: sa.Connection) -> Iterator[None]:
+        """Around the transaction a migration runs in, on its connection (none here).
+
+        For what must be switched outside a transaction; the executor's
+        ``migration_transaction`` begins the transaction inside it.
+        """
+        yield
+
+    def check_migration(self, conn: sa.Connection) -> None:
+        """Checks at the end of a migration's transaction, before it commits."""
 
     # -- transactions -------------------------------------------------------------
 
@@ -176,38 +180,19 @@ class Dialect:
         return False
 
     #: Operations ("publish", "claim", "ack", "ack_claim", "settle": requeue,
-    #: reject, renew)
-    #: that this dialect does in a single
-    #: statement; their callers pass ``one_statement=True`` to :meth:`run`.
+    #: reject, renew) that this dialect does in a single statement; their
+    #: callers pass ``one_statement=True`` to the executor's ``run``, which
+    #: then runs them in autocommit (a statement is a transaction by itself:
+    #: one round trip instead of BEGIN, statement, COMMIT). Empty: never.
     one_statement_ops: ClassVar[frozenset[str]] = frozenset()
 
-    def run(
-        self, fn: Callable[[sa.Connection], T], *, attempts: int = 8, one_statement: bool = False
-    ) -> T:
-        """Run ``fn`` in one transaction on novaque's engine, retrying deadlocks.
-
-        ``one_statement`` promises that ``fn`` executes exactly one statement,
-        which is a transaction by itself; a dialect may then save the round
-        trips of BEGIN and COMMIT (see :meth:`PostgresDialect.run`).
-        """
-        for attempt in range(1, attempts + 1):
-            try:
-                with self._transaction(one_statement) as conn:
-                    return fn(conn)
-            except DBAPIError as exc:
-                if attempt == attempts or not self.is_retryable(exc):
-                    raise
-                time.sleep(random.uniform(0, 0.002 * 2**attempt))
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    @contextlib.contextmanager
-    def _transaction(self, one_statement: bool) -> Iterator[sa.Connection]:
-        with self.engine.begin() as conn:
-            self.begin_transaction(conn)
-            yield conn
-
     def begin_transaction(self, conn: sa.Connection) -> None:
-        """First statement of each of novaque's own transactions, if any."""
+        """First statement of each of novaque's own transactions, if any.
+
+        The executor skips it on engines made by :func:`novaque.connect`, whose
+        connections are set up once instead (see
+        :func:`novaque.dialects.engines.session_ready`).
+        """
 
     # -- publishing -----------------------------------------------------------------
 
@@ -271,8 +256,8 @@ class Dialect:
     def notify(self, conn: sa.Connection, topic: str) -> None:
         """Wake listening consumers of ``topic`` when the transaction commits."""
 
-    def open_listener(self) -> NotifyListener | None:
-        """Open a connection that receives :meth:`notify` wake-ups.
+    def open_listener(self, engine: sa.Engine) -> NotifyListener | None:
+        """Open a connection to ``engine``'s database that receives :meth:`notify` wake-ups.
 
         Returns None where the database has no such push (consumers then only
         poll). Raises if the server cannot be reached.

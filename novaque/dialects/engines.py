@@ -12,7 +12,7 @@ from sqlalchemy import event
 from novaque.dialects.base import Dialect
 from novaque.dialects.mysql import MySQLDialect
 from novaque.dialects.postgres import PostgresDialect
-from novaque.dialects.sqlite import SQLiteDialect
+from novaque.dialects.sqlite import BEGINS_IMMEDIATE, SQLiteDialect
 from novaque.errors import UnsupportedDatabase
 
 #: Engines built by :func:`novaque.connect` are already set up for novaque.
@@ -68,6 +68,8 @@ def configure_sqlite(engine: sa.Engine) -> None:
         # SQLAlchemy's statement machinery would cost more than SQLite does.
         conn.connection.dbapi_connection.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
 
+    BEGINS_IMMEDIATE.add(engine)
+
 
 _DIALECTS: dict[str, type[Dialect]] = {
     "postgresql": PostgresDialect,
@@ -78,16 +80,36 @@ _DIALECTS: dict[str, type[Dialect]] = {
 
 
 def for_engine(engine: sa.Engine) -> Dialect:
-    """The dialect layer for ``engine``, with the engine novaque should run on."""
+    """The dialect layer for ``engine``'s database."""
     cls = _DIALECTS.get(engine.dialect.name)
     if cls is None:
         raise UnsupportedDatabase(
             f"novaque does not support the {engine.dialect.name!r} database; "
             "it runs on PostgreSQL, MySQL/MariaDB and SQLite"
         )
-    if cls is SQLiteDialect and engine not in _PREPARED:
-        return SQLiteDialect(sqlite_own_engine(engine))
-    return cls(engine)
+    return cls()
+
+
+def own_engine(engine: sa.Engine) -> sa.Engine:
+    """The engine novaque should run its own transactions on, for a client of ``engine``.
+
+    ``engine`` itself, except on SQLite when it was not made by
+    :func:`create_engine`: then a second engine on the same file
+    (:func:`sqlite_own_engine`), which the caller disposes of.
+    """
+    if engine.dialect.name == "sqlite" and engine not in _PREPARED:
+        return sqlite_own_engine(engine)
+    return engine
+
+
+def session_ready(engine: sa.Engine) -> bool:
+    """Whether every connection of ``engine`` was set up once for novaque's transactions.
+
+    True for MySQL/MariaDB engines made by :func:`create_engine` (READ
+    COMMITTED on every connection): the dialect's ``begin_transaction`` is
+    then not needed.
+    """
+    return engine in _READ_COMMITTED
 
 
 def class_for(conn: sa.Connection) -> type[Dialect]:

@@ -145,10 +145,6 @@ class MySQLDialect(Dialect):
         # locks, so claims never deadlock with concurrent publishes. Engines
         # made by novaque.connect() run every connection in READ COMMITTED
         # already, which saves this round trip.
-        from novaque.dialects.engines import _READ_COMMITTED
-
-        if self.engine in _READ_COMMITTED:
-            return
         conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
 
     def insert_messages(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> list[int]:

@@ -31,8 +31,7 @@ class PostgresDialect(Dialect):
     floor = (14,)
     supports_notify = True
 
-    def __init__(self, engine: sa.Engine) -> None:
-        super().__init__(engine)
+    def __init__(self) -> None:
         claimed = _claim_update_returning.cte("claimed")
         self._claim_stmt = (
             sa.select(
@@ -59,19 +58,6 @@ class PostgresDialect(Dialect):
         yield
 
     one_statement_ops = frozenset({"publish", "claim", "ack", "ack_claim", "settle"})
-
-    @contextlib.contextmanager
-    def _transaction(self, one_statement: bool) -> Iterator[sa.Connection]:
-        if not one_statement:
-            with super()._transaction(False) as conn:
-                yield conn
-            return
-        # A single statement is a transaction by itself: in autocommit it costs
-        # one round trip instead of three (BEGIN, statement, COMMIT), with the
-        # same atomicity and durability. psycopg switches autocommit on the
-        # client side, and the pool switches it back when the connection returns.
-        with self.engine.connect() as conn:
-            yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
     # Ack: one statement for any number of (delivery, token) pairs.
     _delete_pairs = sa.text(
@@ -209,12 +195,12 @@ class PostgresDialect(Dialect):
             int(c): int(n) for c, n in zip(row[1], row[2], strict=True)
         }
 
-    def open_listener(self) -> NotifyListener | None:
+    def open_listener(self, engine: sa.Engine) -> NotifyListener | None:
         try:
             import psycopg  # noqa: F401  (psycopg 3 reads notifications with a timeout)
         except ImportError:
             return None
-        return _PostgresListener(self.engine)
+        return _PostgresListener(engine)
 
     def claim(
         self, conn: sa.Connection, channel_id: int, limit: int, now: int, until: int, token: str

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import threading
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+import weakref
+from collections.abc import Iterator
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import sqlite as sqlite_dialect
@@ -26,37 +26,23 @@ from novaque.dialects.base import (
 from novaque.errors import UnsupportedDatabase
 from novaque.schema import STATE_READY, channels
 
-T = TypeVar("T")
-
-
-#: One lock per SQLite file: novaque's transactions in one process take turns
-#: on it (see :meth:`SQLiteDialect.run`).
-_sqlite_locks: dict[str, threading.RLock] = {}
-_sqlite_locks_guard = threading.Lock()
+#: Engines whose every transaction begins with ``BEGIN IMMEDIATE`` (set up by
+#: :func:`novaque.dialects.engines.configure_sqlite`): a transaction on one
+#: holds the write lock from its start.
+BEGINS_IMMEDIATE: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
 
 
 class SQLiteDialect(Dialect):
     name = "SQLite"
     floor = (3, 35)
     busy_timeout_ms = 30_000
-
-    def __init__(self, engine: sa.Engine) -> None:
-        super().__init__(engine)
-        key = engine.url.database or ""
-        with _sqlite_locks_guard:
-            self._turn = _sqlite_locks.setdefault(key, threading.RLock())
-
-    def run(
-        self, fn: Callable[[sa.Connection], T], *, attempts: int = 8, one_statement: bool = False
-    ) -> T:
-        # Every transaction of novaque's takes SQLite's write lock up front.
-        # Threads of one process wait for each other here, where the next one
-        # goes as soon as the lock is free, rather than in SQLite's busy
-        # handler, which sleeps for growing intervals (up to 100 ms) between
-        # tries: a consumer's claims and acks would otherwise stall each other.
-        # Other processes still meet in the busy handler.
-        with self._turn:
-            return super().run(fn, attempts=attempts, one_statement=one_statement)
+    # Every transaction of novaque's takes SQLite's write lock up front.
+    # Threads of one process wait for each other in the executor, where the
+    # next one goes as soon as the lock is free, rather than in SQLite's busy
+    # handler, which sleeps for growing intervals (up to 100 ms) between
+    # tries: a consumer's claims and acks would otherwise stall each other.
+    # Other processes still meet in the busy handler.
+    one_writer = True
 
     @classmethod
     def check_floor(cls, conn: sa.Connection) -> None:
@@ -68,26 +54,26 @@ class SQLiteDialect(Dialect):
             )
 
     @contextlib.contextmanager
-    def migration_transaction(self) -> Iterator[sa.Connection]:
+    def migration_session(self, conn: sa.Connection) -> Iterator[None]:
         # Rebuilding a table (how SQLite alters most things) drops it, and
         # dropping a parent table with foreign keys enforced deletes its
         # children: migrations run with enforcement off (it can only be
         # switched outside a transaction), and the result is checked before
-        # the commit.
-        with self.engine.connect() as conn:
-            raw: Any = conn.connection.dbapi_connection
-            raw.execute("PRAGMA foreign_keys = OFF")
-            try:
-                with conn.begin():
-                    yield conn
-                    broken = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
-                    if broken:
-                        raise RuntimeError(
-                            f"migration left {len(broken)} rows with a dangling foreign key "
-                            f"(first: {tuple(broken[0])}); rolled back"
-                        )
-            finally:
-                raw.execute("PRAGMA foreign_keys = ON")
+        # the commit (check_migration).
+        raw: Any = conn.connection.dbapi_connection
+        raw.execute("PRAGMA foreign_keys = OFF")
+        try:
+            yield
+        finally:
+            raw.execute("PRAGMA foreign_keys = ON")
+
+    def check_migration(self, conn: sa.Connection) -> None:
+        broken = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
+        if broken:
+            raise RuntimeError(
+                f"migration left {len(broken)} rows with a dangling foreign key "
+                f"(first: {tuple(broken[0])}); rolled back"
+            )
 
     def is_retryable(self, exc: DBAPIError) -> bool:
         text = str(exc.orig).lower()
@@ -154,7 +140,7 @@ class SQLiteDialect(Dialect):
         bodies: list[bytes],
         visible: int,
     ) -> tuple[list[int], dict[int, int]]:
-        if conn.engine is not self.engine:
+        if conn.engine not in BEGINS_IMMEDIATE:
             # The caller's transaction: it may not hold the write lock yet.
             return super().publish_plain(conn, topic, fields, bodies, visible)
         # novaque's own transaction began with BEGIN IMMEDIATE: nobody else
