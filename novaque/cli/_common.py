@@ -76,8 +76,8 @@ class Context:
             if self.debug:
                 raise
         finally:
-            if client._executor.engine is not client.engine:
-                client._executor.engine.dispose()
+            if client.own_engine is not client.engine:
+                client.own_engine.dispose()
             client.engine.dispose()
 
 
