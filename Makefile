@@ -23,10 +23,11 @@ $(STAMP): pyproject.toml
 test: $(STAMP) ## run the suite (PostgreSQL/MySQL too when NOVAQUE_TEST_*_URL are set)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-lint: $(STAMP) ## ruff and mypy --strict
+lint: $(STAMP) ## ruff, mypy --strict, and the layering contracts (import-linter)
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 demo: $(STAMP) ## live tour: admin UI over a stream of sample orders (SQLite ./novaque.db)
 	$(BIN)/novaque demo
@@ -35,4 +36,4 @@ bench: $(STAMP) ## run the benchmarks against the raw-SQL floor
 	$(BIN)/python -m novaque.cli bench
 
 clean: ## remove the virtualenv and local databases
-	rm -rf $(VENV) novaque.db novaque.db-wal novaque.db-shm .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) novaque.db novaque.db-wal novaque.db-shm .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -188,7 +188,7 @@ def _close(client: novaque.Client) -> None:
     shutdown = getattr(client, "shutdown", None)
     if shutdown is not None:
         shutdown(timeout=10)
-    own = client._dialect.engine
+    own = client.own_engine
     if own is not client.engine:
         own.dispose()
     client.engine.dispose()

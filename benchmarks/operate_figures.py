@@ -205,7 +205,7 @@ def run(client: novaque.Client, rows: int) -> int:
         ),
         (
             "claim 10 (rolled back)",
-            client._dialect.claim_statement(),
+            client.claim_statement(),
             {
                 "p_channel": big,
                 "p_now": now,
@@ -218,9 +218,8 @@ def run(client: novaque.Client, rows: int) -> int:
     print("EXPLAIN ANALYZE clocks every row, so its times run above the medians above.")
     print()
     for label, stmt, params in plans:
-        with client.engine.connect() as conn:
-            plan = client._dialect.explain(conn, stmt, params, analyze=True)
-            conn.rollback()  # EXPLAIN ANALYZE of the claim really leases rows
+        # EXPLAIN ANALYZE of the claim really leases rows: explain() rolls back.
+        plan = client.explain(stmt, params, analyze=True)
         print(f"--- EXPLAIN (ANALYZE, BUFFERS) {label}")
         print(plan)
         print()

@@ -102,13 +102,13 @@ def measure(backend: str, batch: int, rounds: int = 20) -> float:
         client.ensure_channel("rt", "c")
         client.publish_many("rt", [b"x" * 200] * (batch * rounds + 1))
         client.ack_many(client.claim("rt", "c"))  # warm caches (schema check, channel id)
-        counter = TripCounter(client._dialect.engine)
+        counter = TripCounter(client.own_engine)
         handled = 0
         for _ in range(rounds):
             msgs = client.claim("rt", "c", max_messages=batch)
             client.ack_many(msgs)
             handled += len(msgs)
-        client._dialect.engine.dispose()
+        client.own_engine.dispose()
         return counter.count / handled
 
 

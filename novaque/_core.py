@@ -17,7 +17,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from novaque import _dialect, _migrate, _validate
+from novaque import _migrate, _validate, dialects
+from novaque._executor import SyncExecutor
 from novaque._stats import StatsBuffer
 from novaque._time import US, Clock, day_of, from_us
 from novaque.errors import (
@@ -85,7 +86,8 @@ class CoreClient:
             raise TypeError(f"options must be novaque.Options, got {type(options).__name__}")
         self.engine = engine
         self.log = self.options.logger
-        self._dialect = _dialect.for_engine(engine)
+        self._dialect = dialects.for_engine(engine)
+        self._executor = SyncExecutor(dialects.own_engine(engine), self._dialect)
         self._clock = Clock(self.options.clock)
         self._stats = StatsBuffer(on_first=self._counters_added)
         self._schema_lock = threading.Lock()
@@ -112,7 +114,7 @@ class CoreClient:
         Checks the database version floor first (:class:`UnsupportedDatabase`).
         Running it again is a no-op.
         """
-        with self._dialect.migration_transaction() as conn:
+        with self._executor.migration_transaction() as conn:
             self._dialect.check_floor(conn)
             with self._dialect.migration_lock(conn):
                 _migrate.upgrade(conn, to)
@@ -121,7 +123,7 @@ class CoreClient:
 
     def downgrade(self, to: str = "base") -> None:
         """Revert novaque's migrations down to ``to``; ``base`` drops every table."""
-        with self._dialect.migration_transaction() as conn, self._dialect.migration_lock(conn):
+        with self._executor.migration_transaction() as conn, self._dialect.migration_lock(conn):
             _migrate.downgrade(conn, to)
         self._schema_ok.clear()
         self._topic_ids.clear()
@@ -135,7 +137,7 @@ class CoreClient:
         with self._schema_lock:
             if self._schema_ok.is_set():
                 return
-            with self._dialect.engine.connect() as conn:
+            with self._executor.connect() as conn:
                 _migrate.require_current(conn)
                 self._clock.sample(lambda: self._dialect.db_now_us(conn))
             self._clock_sampled_at = time.monotonic()
@@ -155,12 +157,12 @@ class CoreClient:
         does it in one statement, the transaction costs one round trip.
         """
         self._ready()
-        return self._dialect.run(fn, one_statement=op in self._dialect.one_statement_ops)
+        return self._executor.run(fn, one_statement=op in self._dialect.one_statement_ops)
 
     def _run_op(
         self,
         op: str,
-        fn: Callable[Concatenate[sa.Connection, _dialect.Dialect, P], T],
+        fn: Callable[Concatenate[sa.Connection, dialects.Dialect, P], T],
         /,
         *args: P.args,
         **kwargs: P.kwargs,
@@ -172,7 +174,7 @@ class CoreClient:
     def _run_timed(
         self,
         op: str,
-        fn: Callable[Concatenate[sa.Connection, _dialect.Dialect, int, P], T],
+        fn: Callable[Concatenate[sa.Connection, dialects.Dialect, int, P], T],
         /,
         *args: P.args,
         **kwargs: P.kwargs,
@@ -189,7 +191,7 @@ class CoreClient:
 
     def _in_batches(
         self,
-        fn: Callable[Concatenate[sa.Connection, _dialect.Dialect, int, P], Batch],
+        fn: Callable[Concatenate[sa.Connection, dialects.Dialect, int, P], Batch],
         /,
         *args: P.args,
         **kwargs: P.kwargs,
@@ -381,7 +383,7 @@ class CoreClient:
         engine = conn.engine
         return (
             engine is self.engine
-            or engine is self._dialect.engine
+            or engine is self._executor.engine
             or (engine.url == self.engine.url)
         )
 
@@ -389,7 +391,7 @@ class CoreClient:
         """The checks for a caller's connection to another database (once per engine)."""
         if conn.engine in self._checked_engines:
             return
-        if _dialect.class_for(conn) is not type(self._dialect):
+        if dialects.class_for(conn) is not type(self._dialect):
             raise InvalidOption(
                 f"this client works with {self._dialect.name}; the connection given to "
                 f"publish is to {conn.dialect.name}: use a client of that database"
@@ -426,7 +428,7 @@ class CoreClient:
         if cached is not None:
             return cached[0]
         self._ready()
-        with self._dialect.engine.connect() as conn:
+        with self._executor.connect() as conn:
             channel_id = topology.channel_id(conn, self._dialect, topic, channel)
         self._channel_cache[(topic, channel)] = (channel_id, time.monotonic())
         return channel_id
@@ -685,7 +687,7 @@ class CoreClient:
     def _resample_clock(self) -> None:
         if time.monotonic() - self._clock_sampled_at < CLOCK_SAMPLE_S:
             return
-        with self._dialect.engine.connect() as conn:
+        with self._executor.connect() as conn:
             self._clock.sample(lambda: self._dialect.db_now_us(conn))
         self._clock_sampled_at = time.monotonic()
 

@@ -98,10 +98,10 @@ def upgrade_checked(connection: sa.Connection, to: str = "head") -> None:
     Commits what it ran when ``connection`` was not in a transaction before
     (as in an ``env.py`` after the application's own migrations).
     """
-    from novaque import _dialect
+    from novaque import dialects
 
     began = not connection.in_transaction()
-    dialect = _dialect.class_for(connection)
+    dialect = dialects.class_for(connection)
     try:
         dialect.check_floor(connection)
         with dialect.migration_lock(connection):

@@ -9,7 +9,7 @@ The work is done by the operations of :mod:`novaque.ops.browse` and
 :mod:`novaque.ops.maintain`; their statements (:mod:`novaque.ops._sql`) are
 portable SQLAlchemy Core, built once at import from bound parameters. What
 differs per database (deleting with or without RETURNING, EXPLAIN) goes
-through :mod:`novaque._dialect`.
+through :mod:`novaque.dialects`.
 
 Counters changed by these calls (``requeued``, ``published``, ``purged``) are
 recorded with the transaction and buffered only once it commits, like every

@@ -29,9 +29,9 @@ import sqlalchemy as sa
 
 from novaque import _validate
 from novaque._core import CoreClient
-from novaque._dialect import NotifyListener
 from novaque._signals import Signals
 from novaque.consumer import Consumer, Handler, RetryDelay
+from novaque.dialects import NotifyListener
 from novaque.errors import InvalidOption, SchemaOutOfDate
 from novaque.models import Message
 from novaque.ops import consume
@@ -222,7 +222,7 @@ class RuntimeClient(CoreClient):
             while not stop.is_set():
                 try:
                     if listener is None:
-                        listener = self._dialect.open_listener()
+                        listener = self._executor.open_listener()
                         if listener is None:
                             self.log.warning(
                                 "psycopg 3 is not installed: consumers poll instead of "
@@ -429,8 +429,8 @@ class RuntimeClient(CoreClient):
                 "could not flush stats at shutdown (kept in memory): %s",
                 _validate.error_text(exc),
             )
-        if self._dialect.engine is not self.engine:
-            self._dialect.engine.dispose()
+        if self._executor.engine is not self.engine:
+            self._executor.engine.dispose()
         if self._owns_engine:
             self.engine.dispose()
         if thread is not None or stopping:

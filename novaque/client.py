@@ -6,7 +6,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from novaque import _dialect
+from novaque import dialects
 from novaque._operate import OperatingClient
 from novaque._runtime import RuntimeClient
 from novaque.options import Options
@@ -27,6 +27,53 @@ class Client(RuntimeClient, OperatingClient):
     IMMEDIATE``) without changing how the application's engine behaves.
     """
 
+    @property
+    def own_engine(self) -> sa.Engine:
+        """The engine novaque runs its own transactions on.
+
+        ``engine`` itself, except on SQLite when the engine was not made by
+        :func:`connect`: then a second engine on the same file, set up to take
+        the write lock up front. :meth:`shutdown` disposes of that second
+        engine; tools that only read may use it or ``engine``.
+        """
+        return self._executor.engine
+
+    @property
+    def database_family(self) -> str:
+        """Which family of databases the client works with.
+
+        ``"PostgreSQL"``, ``"MySQL"`` (MySQL and MariaDB) or ``"SQLite"``.
+        """
+        return self._dialect.name
+
+    def claim_statement(self) -> sa.ClauseElement:
+        """The statement behind :meth:`claim` on this database, for :meth:`explain`.
+
+        Its parameters: ``p_channel`` (channel id), ``p_now`` and ``p_until``
+        (epoch microseconds: the time now and the lease's end), ``p_limit``,
+        ``p_token`` (a lease token, 32 characters).
+        """
+        return self._dialect.claim_statement()
+
+    def explain(
+        self, statement: sa.ClauseElement, params: dict[str, Any], *, analyze: bool = False
+    ) -> str:
+        """The database's plan for ``statement`` with ``params``, as text.
+
+        One line per row of the database's ``EXPLAIN`` output (SQLite:
+        ``EXPLAIN QUERY PLAN``). ``analyze`` runs the statement and reports
+        real timings where the database can (PostgreSQL ``EXPLAIN (ANALYZE,
+        BUFFERS)``, MySQL ``EXPLAIN ANALYZE``, MariaDB ``ANALYZE``); it runs on
+        a connection of ``engine`` whose transaction is rolled back afterwards,
+        so even a claim leaves no lease behind. ``params`` fill the statement's
+        bound parameters (not expanding ones).
+        """
+        with self.engine.connect() as conn:
+            try:
+                return self._dialect.explain(conn, statement, params, analyze=analyze)
+            finally:
+                conn.rollback()
+
 
 def connect(url: str | sa.URL, **option_fields: Any) -> Client:
     """A client on a new engine for ``url``, set up the way novaque runs best.
@@ -40,6 +87,6 @@ def connect(url: str | sa.URL, **option_fields: Any) -> Client:
     """
     options = Options(**option_fields)
     pool_size = max(5, options.max_in_flight + 4)
-    client = Client(_dialect.create_engine(url, pool_size=pool_size), options)
+    client = Client(dialects.create_engine(url, pool_size=pool_size), options)
     client._owns_engine = True  # closed by client.shutdown()
     return client

@@ -120,8 +120,8 @@ class Backend:
             if shutdown is not None:
                 shutdown(timeout=10)
             _core._unflushed.discard(made)
-            if made._dialect.engine is not made.engine:
-                made._dialect.engine.dispose()
+            if made._executor.engine is not made.engine:
+                made._executor.engine.dispose()
         for engine in self.engines:
             engine.dispose()
         self.clients.clear()

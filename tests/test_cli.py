@@ -114,7 +114,7 @@ def test_publish_body_and_stdin(db: Path) -> None:
             (b"from stdin\n", {}),
         ]
     finally:
-        client._dialect.engine.dispose()
+        client._executor.engine.dispose()
 
 
 def test_bad_input_is_one_line(db: Path, tmp_path: Path) -> None:
@@ -225,7 +225,7 @@ def test_dead_list_requeue_delete(db: Path) -> None:
             ids.append(msg.delivery_id)
         client.flush_stats()
     finally:
-        client._dialect.engine.dispose()
+        client._executor.engine.dispose()
     listing = ok(run("dead", "list", "orders", "billing", "--body", cwd=db)).splitlines()
     assert listing[0].split() == [
         "DELIVERY",
@@ -308,7 +308,7 @@ def test_demo_stops_on_ctrl_c(tmp_path: Path) -> None:
     try:
         assert client.list_channels("orders") == ["billing", "shipping"]
     finally:
-        client._dialect.engine.dispose()
+        client._executor.engine.dispose()
 
 
 def test_admin_serves_until_interrupted(db: Path) -> None:

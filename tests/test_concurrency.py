@@ -155,10 +155,10 @@ def test_the_applications_sqlite_engine_is_left_as_it_was(tmp_path: Path) -> Non
     client = novaque.Client(engine)
     client.migrate()
     client.publish("t", b"x")
-    assert not sa.event.contains(engine, "begin", novaque._dialect.SQLiteDialect.configure)
+    assert not sa.event.contains(engine, "begin", novaque.dialects.engines.configure_sqlite)
     with engine.connect() as conn:
         dbapi = conn.connection.dbapi_connection
         assert dbapi is not None
         assert dbapi.isolation_level == ""  # the sqlite3 module's default, untouched
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 0
-    assert client._dialect.engine is not engine
+    assert client._executor.engine is not engine

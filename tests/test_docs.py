@@ -49,7 +49,7 @@ def run_sqlite_examples(doc: str, run: int) -> None:
                 shutdown(timeout=10)
             if isinstance(value, sa.Engine):
                 value.dispose()
-            engine = getattr(getattr(value, "_dialect", None), "engine", None)
+            engine = getattr(getattr(value, "_executor", None), "engine", None)
             if isinstance(engine, sa.Engine):
                 engine.dispose()
     assert ran >= 1

@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 import novaque
-from novaque import _dialect
+from novaque.dialects import engines
 from tests.conftest import Backend, kill_other_sessions
 
 #: connect()'s server settings: SQLite has no server connection to lose or configure.
@@ -21,7 +21,10 @@ SERVERS = pytest.mark.parametrize("backend", ["postgres", "mysql"], indirect=Tru
 def connected(backend: Backend) -> Iterator[novaque.Client]:
     client = novaque.connect(backend.url)
     yield client
-    client.engine.dispose()
+    # Flushes its counters and closes its engine: a bare dispose() left the
+    # counters buffered, and their later flush opened a connection that was
+    # never closed (a ResourceWarning failing whichever test was running).
+    client.shutdown(timeout=10)
 
 
 @SERVERS
@@ -31,7 +34,7 @@ def test_an_idle_pooled_connection_that_died_is_replaced_before_use(
     connected.ensure_channel("t", "c")
     connected.publish("t", b"before")
     assert kill_other_sessions(backend) >= 1
-    monkeypatch.setattr(_dialect, "PING_IDLE_S", 0.0)  # every pooled connection counts as idle
+    monkeypatch.setattr(engines, "PING_IDLE_S", 0.0)  # every pooled connection counts as idle
     connected.publish("t", b"after")  # would fail on the dead connection without the ping
     assert [m.body for m in connected.claim("t", "c", max_messages=5)] == [b"before", b"after"]
 

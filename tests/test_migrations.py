@@ -14,7 +14,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 import novaque
-from novaque import _dialect, _migrate, schema
+from novaque import _migrate, dialects, schema
 from tests.conftest import Backend
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,11 +108,11 @@ def test_floors_refuse_old_servers() -> None:
         dialect = SimpleNamespace(server_version_info=version, is_mariadb=mariadb)
         return SimpleNamespace(dialect=dialect)  # type: ignore[return-value]
 
-    pg = _dialect.PostgresDialect
+    pg = dialects.PostgresDialect
     pg.check_floor(conn((14, 0)))
     with pytest.raises(novaque.UnsupportedDatabase, match=r"PostgreSQL 13.9 .* >= 14"):
         pg.check_floor(conn((13, 9)))
-    my = _dialect.MySQLDialect
+    my = dialects.MySQLDialect
     my.check_floor(conn((8, 0, 1)))
     with pytest.raises(novaque.UnsupportedDatabase, match=r"MySQL 5.7.44 .* >= 8.0.1"):
         my.check_floor(conn((5, 7, 44)))

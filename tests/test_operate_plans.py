@@ -43,7 +43,7 @@ def load(client: novaque.Client, now: int) -> int:
     for i in range(CHANNELS):
         client.ensure_channel("plans", f"c{i}")
     ids = client.publish_many("plans", [b"x"] * MESSAGES)
-    with client._dialect.engine.begin() as conn:
+    with client._executor.engine.begin() as conn:
         channel_ids = [
             int(r[0]) for r in conn.execute(sa.select(deliveries.c.channel_id).distinct())
         ]
@@ -77,7 +77,7 @@ def load(client: novaque.Client, now: int) -> int:
 
 def analyze(client: novaque.Client) -> None:
     """Gather planner statistics (and, on PostgreSQL, the visibility map)."""
-    engine = client._dialect.engine
+    engine = client._executor.engine
     name = engine.dialect.name
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         if name == "postgresql":
@@ -90,7 +90,7 @@ def analyze(client: novaque.Client) -> None:
 
 
 def plan_of(client: novaque.Client, stmt: sa.Executable, params: dict[str, Any]) -> str:
-    with client._dialect.engine.connect() as conn:
+    with client._executor.engine.connect() as conn:
         return client._dialect.explain(conn, stmt, params)
 
 

@@ -163,7 +163,7 @@ def test_shutdown_closes_the_connections_novaque_opened(backend: Backend, tmp_pa
     client.publish("t", b"x")
     waited(consumer._signals.wait("acked", 1, WAIT), "the ack")
     client.shutdown()
-    for engine in {client.engine, client._dialect.engine}:
+    for engine in {client.engine, client._executor.engine}:
         assert engine.pool.checkedout() == 0
         assert engine.pool.checkedin() == 0  # type: ignore[attr-defined]
     # Still usable afterwards: new connections are opened on demand.
@@ -179,8 +179,8 @@ def test_an_applications_engine_is_left_open(backend: Backend) -> None:
         pass
     client.shutdown()
     assert engine.pool.checkedin() >= 1  # type: ignore[attr-defined]
-    if client._dialect.engine is not engine:  # novaque's own engine (SQLite) is closed
-        assert client._dialect.engine.pool.checkedin() == 0  # type: ignore[attr-defined]
+    if client._executor.engine is not engine:  # novaque's own engine (SQLite) is closed
+        assert client._executor.engine.pool.checkedin() == 0  # type: ignore[attr-defined]
 
 
 def test_shutdown_without_start_is_harmless(client: novaque.Client) -> None:

@@ -12,7 +12,7 @@ from tests.conftest import Backend
 def test_default_clock_agrees_with_the_server(backend: Backend) -> None:
     client = backend.client()
     client.list_topics()  # first call: schema check and clock sample
-    with client._dialect.engine.connect() as conn:
+    with client._executor.engine.connect() as conn:
         server = client._dialect.db_now_us(conn)
     ours = client._now()
     reference = server if server is not None else time.time_ns() // 1000  # SQLite: the host

@@ -76,8 +76,8 @@ class Context:
             if self.debug:
                 raise
         finally:
-            if client._dialect.engine is not client.engine:
-                client._dialect.engine.dispose()
+            if client.own_engine is not client.engine:
+                client.own_engine.dispose()
             client.engine.dispose()
 
 

@@ -32,7 +32,7 @@ def register(commands: Any) -> None:
 
 def _revision(context: Context) -> str:
     client = context.client()
-    with client._dialect.engine.connect() as conn:
+    with client.own_engine.connect() as conn:
         return _migrate.current(conn) or "base (no novaque tables)"
 
 

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from novaque import _dialect, _validate
+from novaque import _validate, dialects
 from novaque._stats import Tally
 from novaque._time import day_of, from_us
 from novaque.errors import ChannelNotFound, MessageNotFound
@@ -60,7 +60,7 @@ def _state(state: int, visible_at: int, now: int) -> DeliveryState:
 
 def channel_counters(
     conn: sa.Connection,
-    dialect: _dialect.Dialect,
+    dialect: dialects.Dialect,
     topic: str,
     channel: str,
     first: date | None,
@@ -73,7 +73,7 @@ def channel_counters(
 
 def topic_counters(
     conn: sa.Connection,
-    dialect: _dialect.Dialect,
+    dialect: dialects.Dialect,
     topic: str,
     first: date | None,
     last: date | None,
@@ -87,7 +87,7 @@ def topic_counters(
 
 def daily_counters(
     conn: sa.Connection,
-    dialect: _dialect.Dialect,
+    dialect: dialects.Dialect,
     topic: str,
     channel: str,
     first: date | None,
@@ -109,7 +109,7 @@ def daily_counters(
 
 
 def channel_backlog(
-    conn: sa.Connection, dialect: _dialect.Dialect, now: int, topic: str, channel: str
+    conn: sa.Connection, dialect: dialects.Dialect, now: int, topic: str, channel: str
 ) -> Backlog:
     channel_id = existing_channel_id(conn, topic, channel)
     row = conn.execute(_sql.BACKLOG, {"p_channel": channel_id, "p_now": now}).one()
@@ -117,7 +117,7 @@ def channel_backlog(
 
 
 def topic_backlog(
-    conn: sa.Connection, dialect: _dialect.Dialect, now: int, topic: str
+    conn: sa.Connection, dialect: dialects.Dialect, now: int, topic: str
 ) -> dict[str, Backlog]:
     topic_id = existing_topic_id(conn, topic)
     rows = conn.execute(_sql._TOPIC_BACKLOG, {"p_topic_id": topic_id, "p_now": now})
@@ -129,7 +129,7 @@ def topic_backlog(
 
 def list_dead(
     conn: sa.Connection,
-    dialect: _dialect.Dialect,
+    dialect: dialects.Dialect,
     topic: str,
     channel: str,
     page: int,
@@ -160,7 +160,7 @@ DeadAction = Literal["requeue", "delete"]
 
 def dead_batch(
     conn: sa.Connection,
-    dialect: _dialect.Dialect,
+    dialect: dialects.Dialect,
     now: int,
     action: DeadAction,
     topic: str,
@@ -202,7 +202,7 @@ def dead_batch(
 
 
 def get_message(
-    conn: sa.Connection, dialect: _dialect.Dialect, now: int, message_id: int
+    conn: sa.Connection, dialect: dialects.Dialect, now: int, message_id: int
 ) -> MessageInfo:
     row = conn.execute(_sql._message, {"p_id": message_id}).one_or_none()
     if row is None:
@@ -212,7 +212,7 @@ def get_message(
 
 def list_messages(
     conn: sa.Connection,
-    dialect: _dialect.Dialect,
+    dialect: dialects.Dialect,
     now: int,
     topic: str,
     since_us: int | None,
@@ -281,7 +281,7 @@ def _with_deliveries(
 
 def replay(
     conn: sa.Connection,
-    dialect: _dialect.Dialect,
+    dialect: dialects.Dialect,
     now: int,
     message_id: int,
     names: list[str] | None,
@@ -304,7 +304,7 @@ def replay(
 
 def replay_range(
     conn: sa.Connection,
-    dialect: _dialect.Dialect,
+    dialect: dialects.Dialect,
     now: int,
     topic: str,
     first: int,
@@ -361,7 +361,7 @@ def _replay_channels(
 
 def _replay_rows(
     conn: sa.Connection,
-    dialect: _dialect.Dialect,
+    dialect: dialects.Dialect,
     now: int,
     tally: Tally,
     topic: str,
@@ -402,13 +402,13 @@ def _replay_rows(
 # -- prune --------------------------------------------------------------------------------
 
 
-def topic_ids(conn: sa.Connection, dialect: _dialect.Dialect) -> list[int]:
+def topic_ids(conn: sa.Connection, dialect: dialects.Dialect) -> list[int]:
     """Every topic's id, in order."""
     return [int(r[0]) for r in conn.execute(sa.select(topics.c.id).order_by(topics.c.id))]
 
 
 def prune_count(
-    conn: sa.Connection, dialect: _dialect.Dialect, topic_ids: list[int], cutoff: int
+    conn: sa.Connection, dialect: dialects.Dialect, topic_ids: list[int], cutoff: int
 ) -> int:
     """How many messages of ``topic_ids`` were published before ``cutoff``."""
     return sum(
@@ -419,7 +419,7 @@ def prune_count(
 
 def prune_batch(
     conn: sa.Connection,
-    dialect: _dialect.Dialect,
+    dialect: dialects.Dialect,
     now: int,
     topic_id: int,
     cutoff: int,

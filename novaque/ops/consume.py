@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
-from novaque import _dialect, _validate
+from novaque import _validate, dialects
 from novaque._stats import Tally
 from novaque._time import day_of, from_us
 from novaque.models import Message
@@ -93,13 +93,13 @@ def _counted(field: str, now: int, channel_ids: dict[int, int]) -> Effects:
 
 def claim(
     conn: sa.Connection,
-    dialect: _dialect.Dialect,
+    dialect: dialects.Dialect,
     now: int,
     channel_id: int,
     limit: int,
     lease_us: int,
     token: str,
-) -> tuple[list[_dialect.ClaimedRow], int, Effects]:
+) -> tuple[list[dialects.ClaimedRow], int, Effects]:
     """Lease up to ``limit`` due deliveries with ``token``: the rows, the lease's
     expiry, and the claims to count."""
     until = now + lease_us
@@ -108,7 +108,7 @@ def claim(
 
 
 def ack(
-    conn: sa.Connection, dialect: _dialect.Dialect, now: int, msgs: Sequence[Message]
+    conn: sa.Connection, dialect: dialects.Dialect, now: int, msgs: Sequence[Message]
 ) -> tuple[list[Message], Effects]:
     """Delete the deliveries of ``msgs`` still leased with their token: the
     messages whose lease was lost, and the acks to count."""
@@ -126,14 +126,14 @@ def _settled(
 
 def ack_and_claim(
     conn: sa.Connection,
-    dialect: _dialect.Dialect,
+    dialect: dialects.Dialect,
     now: int,
     acks: Sequence[Message],
     channel_id: int,
     limit: int,
     lease_us: int,
     token: str,
-) -> tuple[list[Message], list[_dialect.ClaimedRow], int, Effects]:
+) -> tuple[list[Message], list[dialects.ClaimedRow], int, Effects]:
     """:func:`ack` and :func:`claim` in one transaction: the acks whose lease was
     lost, the rows claimed, the lease's expiry, and what to count."""
     until = now + lease_us
@@ -146,7 +146,7 @@ def ack_and_claim(
 
 
 def messages_of(
-    rows: Sequence[_dialect.ClaimedRow],
+    rows: Sequence[dialects.ClaimedRow],
     topic: str,
     channel: str,
     channel_id: int,
@@ -176,7 +176,7 @@ def messages_of(
 
 def requeue(
     conn: sa.Connection,
-    dialect: _dialect.Dialect,
+    dialect: dialects.Dialect,
     now: int,
     msg: Message,
     delay_us: int,
@@ -200,7 +200,7 @@ def requeue(
 
 
 def expiry_if_leased(
-    conn: sa.Connection, dialect: _dialect.Dialect, now: int, msg: Message
+    conn: sa.Connection, dialect: dialects.Dialect, now: int, msg: Message
 ) -> tuple[int | None, int]:
     """The expiry of ``msg`` if its lease is still current (else None), and ``now``."""
     params = {"p_id": msg.delivery_id, "p_token": msg.lease_token}
@@ -209,7 +209,7 @@ def expiry_if_leased(
 
 def kill(
     conn: sa.Connection,
-    dialect: _dialect.Dialect,
+    dialect: dialects.Dialect,
     now: int,
     msg: Message,
     reason: str,
@@ -232,7 +232,7 @@ def kill(
 
 
 def renew(
-    conn: sa.Connection, dialect: _dialect.Dialect, now: int, msg: Message, lease_us: int
+    conn: sa.Connection, dialect: dialects.Dialect, now: int, msg: Message, lease_us: int
 ) -> int | None:
     """Extend ``msg``'s lease to ``lease_us`` from ``now``: the new expiry, or None
     if the lease is no longer current."""
@@ -244,7 +244,7 @@ def renew(
 
 
 def release(
-    conn: sa.Connection, dialect: _dialect.Dialect, now: int, msgs: Sequence[Message]
+    conn: sa.Connection, dialect: dialects.Dialect, now: int, msgs: Sequence[Message]
 ) -> int:
     """Make leased, unstarted deliveries due at once without counting their
     attempt; return how many were still leased."""

@@ -8,7 +8,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from novaque import _dialect
+from novaque import dialects
 from novaque._stats import Tally
 from novaque._time import day_of
 from novaque.ops import Batch, Effects, _sql
@@ -51,7 +51,7 @@ def count_purged(channel_ids: list[int], now: int, tally: Tally) -> None:
 
 
 def delete_dead_rows(
-    conn: sa.Connection, dialect: _dialect.Dialect, now: int, delivery_ids: list[int], tally: Tally
+    conn: sa.Connection, dialect: dialects.Dialect, now: int, delivery_ids: list[int], tally: Tally
 ) -> int:
     """Delete the dead ones of deliveries ``delivery_ids``, counted as purged in
     ``tally``; return how many."""
@@ -67,7 +67,7 @@ def delete_dead_rows(
 # -- the lease reaper -------------------------------------------------------------------
 
 
-def reap_batch(conn: sa.Connection, dialect: _dialect.Dialect, now: int, batch: int) -> Batch:
+def reap_batch(conn: sa.Connection, dialect: dialects.Dialect, now: int, batch: int) -> Batch:
     """Release up to ``batch`` expired leases (dead-letter those out of attempts):
     how many expired leases were found, how many deliveries changed, and the
     deaths to count."""
@@ -117,7 +117,7 @@ def reap_batch(conn: sa.Connection, dialect: _dialect.Dialect, now: int, batch: 
 # -- TTL purge --------------------------------------------------------------------------
 
 
-def purge_batch(conn: sa.Connection, dialect: _dialect.Dialect, now: int, batch: int) -> Batch:
+def purge_batch(conn: sa.Connection, dialect: dialects.Dialect, now: int, batch: int) -> Batch:
     """Delete up to ``batch`` messages past their TTL with their deliveries: how
     many (twice: seen and deleted), and the purged deliveries to count."""
     tally = Tally()
@@ -146,7 +146,7 @@ def purge_batch(conn: sa.Connection, dialect: _dialect.Dialect, now: int, batch:
 
 
 def dead_bounds(
-    conn: sa.Connection, dialect: _dialect.Dialect, only_bounded: bool
+    conn: sa.Connection, dialect: dialects.Dialect, only_bounded: bool
 ) -> list[tuple[int, int | None, int | None]]:
     """(channel id, dead_max_age, dead_max_count) of every channel; with
     ``only_bounded``, only of those with a bound of their own."""
@@ -162,7 +162,7 @@ def dead_bounds(
 
 def retire_older_batch(
     conn: sa.Connection,
-    dialect: _dialect.Dialect,
+    dialect: dialects.Dialect,
     now: int,
     channel_id: int,
     max_age_us: int,
@@ -177,7 +177,7 @@ def retire_older_batch(
 
 
 def dead_boundary(
-    conn: sa.Connection, dialect: _dialect.Dialect, channel_id: int, keep: int
+    conn: sa.Connection, dialect: dialects.Dialect, channel_id: int, keep: int
 ) -> tuple[int, int] | None:
     """(died_at, id) of the oldest letter kept (older ones go); None: within bounds."""
     dead = int(conn.execute(_sql._dead_count, {"p_channel": channel_id}).scalar_one())
@@ -193,7 +193,7 @@ def dead_boundary(
 
 def retire_beyond_batch(
     conn: sa.Connection,
-    dialect: _dialect.Dialect,
+    dialect: dialects.Dialect,
     now: int,
     channel_id: int,
     edge: tuple[int, int],
@@ -212,7 +212,7 @@ def retire_beyond_batch(
 # -- counters ---------------------------------------------------------------------------
 
 
-def flush_stats(conn: sa.Connection, dialect: _dialect.Dialect, rows: list[dict[str, Any]]) -> None:
+def flush_stats(conn: sa.Connection, dialect: dialects.Dialect, rows: list[dict[str, Any]]) -> None:
     """Add counter rows (see :func:`stats_rows`) to the stats table; those of
     channels deleted since are dropped with them."""
     alive = {
@@ -226,7 +226,7 @@ def flush_stats(conn: sa.Connection, dialect: _dialect.Dialect, rows: list[dict[
         dialect.upsert_stats(conn, kept)
 
 
-def prune_stats(conn: sa.Connection, dialect: _dialect.Dialect, first_kept: date) -> int:
+def prune_stats(conn: sa.Connection, dialect: dialects.Dialect, first_kept: date) -> int:
     """Delete the day buckets before ``first_kept``; return how many."""
     result: int = conn.execute(sa.delete(stats).where(stats.c.day < first_kept)).rowcount
     return result

@@ -9,7 +9,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from novaque import _dialect
+from novaque import dialects
 from novaque._stats import Tally
 from novaque._time import day_of
 from novaque.ops import Effects
@@ -61,7 +61,7 @@ def one_statement(bodies: Sequence[bytes], dedup_keys: Sequence[str | None]) -> 
 
 def publish(
     conn: sa.Connection,
-    dialect: _dialect.Dialect,
+    dialect: dialects.Dialect,
     now: int,
     *,
     topic: str,
@@ -93,7 +93,7 @@ def publish(
     return Published(ids, fanout, now, stored, learned)
 
 
-def count_here(conn: sa.Connection, dialect: _dialect.Dialect, done: Published) -> None:
+def count_here(conn: sa.Connection, dialect: dialects.Dialect, done: Published) -> None:
     """Write a publish's counters in ``conn``'s transaction (a database other than
     the client's own, whose buffer is for its own)."""
     if done.fanout:
@@ -105,7 +105,7 @@ def count_here(conn: sa.Connection, dialect: _dialect.Dialect, done: Published) 
 
 def _write_messages(
     conn: sa.Connection,
-    dialect: _dialect.Dialect,
+    dialect: dialects.Dialect,
     topic: str,
     topic_id: int,
     rows: list[dict[str, Any]],
@@ -151,7 +151,7 @@ def _write_messages(
 
 
 def _insert_deduplicated(
-    conn: sa.Connection, dialect: _dialect.Dialect, row: dict[str, Any]
+    conn: sa.Connection, dialect: dialects.Dialect, row: dict[str, Any]
 ) -> tuple[int, bool]:
     # A locking read sees the latest committed row even when the caller's
     # transaction is REPEATABLE READ (MySQL's default), whose snapshot may

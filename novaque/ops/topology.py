@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from novaque import _dialect
+from novaque import dialects
 from novaque.errors import ChannelNotFound, TopicNotFound
 from novaque.schema import channels, deliveries, messages, stats, topics
 
@@ -18,7 +18,7 @@ _channel_ids = (
 _topic_id = sa.select(topics.c.id).where(topics.c.name == sa.bindparam("p_topic"))
 
 
-def topic_id_in(conn: sa.Connection, dialect: _dialect.Dialect, now: int, topic: str) -> int:
+def topic_id_in(conn: sa.Connection, dialect: dialects.Dialect, now: int, topic: str) -> int:
     """The id of ``topic`` as ``conn``'s transaction sees the latest commit,
     creating the topic if it does not exist."""
     lookup = dialect.read_latest(_topic_id)
@@ -46,13 +46,13 @@ def existing_channel_id(conn: sa.Connection, topic: str, channel: str) -> int:
     return int(found)
 
 
-def ensure_topic(conn: sa.Connection, dialect: _dialect.Dialect, now: int, topic: str) -> None:
+def ensure_topic(conn: sa.Connection, dialect: dialects.Dialect, now: int, topic: str) -> None:
     topic_id_in(conn, dialect, now, topic)
 
 
 def ensure_channel(
     conn: sa.Connection,
-    dialect: _dialect.Dialect,
+    dialect: dialects.Dialect,
     now: int,
     topic: str,
     channel: str,
@@ -86,7 +86,7 @@ def ensure_channel(
         )
 
 
-def delete_topic(conn: sa.Connection, dialect: _dialect.Dialect, topic: str) -> None:
+def delete_topic(conn: sa.Connection, dialect: dialects.Dialect, topic: str) -> None:
     topic_id = existing_topic_id(conn, topic)
     channel_ids = sa.select(channels.c.id).where(channels.c.topic_id == topic_id)
     conn.execute(sa.delete(stats).where(stats.c.channel_id.in_(channel_ids)))
@@ -97,7 +97,7 @@ def delete_topic(conn: sa.Connection, dialect: _dialect.Dialect, topic: str) -> 
 
 
 def delete_channel(
-    conn: sa.Connection, dialect: _dialect.Dialect, topic: str, channel: str
+    conn: sa.Connection, dialect: dialects.Dialect, topic: str, channel: str
 ) -> None:
     channel_id = existing_channel_id(conn, topic, channel)
     conn.execute(sa.delete(stats).where(stats.c.channel_id == channel_id))
@@ -105,11 +105,11 @@ def delete_channel(
     conn.execute(sa.delete(channels).where(channels.c.id == channel_id))
 
 
-def list_topics(conn: sa.Connection, dialect: _dialect.Dialect) -> list[str]:
+def list_topics(conn: sa.Connection, dialect: dialects.Dialect) -> list[str]:
     return [r[0] for r in conn.execute(sa.select(topics.c.name).order_by(topics.c.name))]
 
 
-def list_channels(conn: sa.Connection, dialect: _dialect.Dialect, topic: str) -> list[str]:
+def list_channels(conn: sa.Connection, dialect: dialects.Dialect, topic: str) -> list[str]:
     topic_id = existing_topic_id(conn, topic)
     return [
         r[0]
@@ -121,5 +121,5 @@ def list_channels(conn: sa.Connection, dialect: _dialect.Dialect, topic: str) ->
     ]
 
 
-def channel_id(conn: sa.Connection, dialect: _dialect.Dialect, topic: str, channel: str) -> int:
+def channel_id(conn: sa.Connection, dialect: dialects.Dialect, topic: str, channel: str) -> int:
     return existing_channel_id(conn, topic, channel)

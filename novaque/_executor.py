@@ -1,0 +1,115 @@
+"""How novaque's own transactions are run: the one door to the database.
+
+:class:`SyncExecutor` runs a function of a connection in one transaction on
+novaque's engine, and retries it when the database reports a conflict that a
+repeat can cure (deadlock, serialization failure, busy: the dialect's
+``is_retryable``). It also owns what depends on how statements are executed
+rather than on their SQL:
+
+- SQLite's one writer: novaque's threads take turns per file, before they
+  meet in SQLite's busy handler (the dialect's ``one_writer``);
+- autocommit for work the dialect does in one statement (``one_statement``:
+  PostgreSQL's publish, claim and ack cost one round trip, not three);
+- the dialect's first statement of a transaction (``begin_transaction``:
+  MySQL's SET TRANSACTION READ COMMITTED), skipped on engines made by
+  :func:`novaque.connect`, set up once per connection instead.
+
+The dialect (:mod:`novaque.dialects`) holds only SQL and facts about its
+database. An asyncio executor takes the same shape: the same constructor,
+``run(fn, *, one_statement=False)`` awaited.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
+
+from novaque.dialects import Dialect, NotifyListener
+from novaque.dialects.engines import session_ready
+
+T = TypeVar("T")
+
+#: How often a transaction is tried before its last error is raised.
+ATTEMPTS = 8
+
+#: One lock per SQLite file: novaque's transactions in one process take turns on it.
+_write_locks: dict[str, threading.RLock] = {}
+_write_locks_guard = threading.Lock()
+
+
+class SyncExecutor:
+    """Runs novaque's own transactions on ``engine`` for ``dialect``'s database."""
+
+    def __init__(self, engine: sa.Engine, dialect: Dialect) -> None:
+        #: The engine novaque runs its own transactions on.
+        self.engine = engine
+        self.dialect = dialect
+        self._turn: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+        if dialect.one_writer:
+            with _write_locks_guard:
+                self._turn = _write_locks.setdefault(engine.url.database or "", threading.RLock())
+        self._autocommit = bool(dialect.one_statement_ops)
+        self._begin = not session_ready(engine)
+
+    def run(
+        self,
+        fn: Callable[[sa.Connection], T],
+        *,
+        one_statement: bool = False,
+        attempts: int = ATTEMPTS,
+    ) -> T:
+        """Run ``fn`` in one transaction on novaque's engine, retrying conflicts.
+
+        ``one_statement`` promises that ``fn`` executes exactly one statement,
+        which is a transaction by itself; where the dialect does operations in
+        one statement (``one_statement_ops``), it then runs in autocommit and
+        saves the round trips of BEGIN and COMMIT.
+        """
+        with self._turn:
+            for attempt in range(1, attempts + 1):
+                try:
+                    with self._transaction(one_statement) as conn:
+                        return fn(conn)
+                except DBAPIError as exc:
+                    if attempt == attempts or not self.dialect.is_retryable(exc):
+                        raise
+                    time.sleep(random.uniform(0, 0.002 * 2**attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @contextlib.contextmanager
+    def _transaction(self, one_statement: bool) -> Iterator[sa.Connection]:
+        if one_statement and self._autocommit:
+            # A single statement is a transaction by itself: in autocommit it
+            # costs one round trip instead of three (BEGIN, statement, COMMIT),
+            # with the same atomicity and durability. psycopg switches
+            # autocommit on the client side, and the pool switches it back
+            # when the connection returns.
+            with self.engine.connect() as conn:
+                yield conn.execution_options(isolation_level="AUTOCOMMIT")
+            return
+        with self.engine.begin() as conn:
+            if self._begin:
+                self.dialect.begin_transaction(conn)
+            yield conn
+
+    def connect(self) -> sa.Connection:
+        """A connection on novaque's engine, for reads outside :meth:`run` (close it)."""
+        return self.engine.connect()
+
+    @contextlib.contextmanager
+    def migration_transaction(self) -> Iterator[sa.Connection]:
+        """The transaction that :meth:`Client.migrate` and ``downgrade`` run in."""
+        with self.engine.connect() as conn, self.dialect.migration_session(conn), conn.begin():
+            yield conn
+            self.dialect.check_migration(conn)
+
+    def open_listener(self) -> NotifyListener | None:
+        """A connection that receives the dialect's wake-ups, or None (consumers poll)."""
+        return self.dialect.open_listener(self.engine)

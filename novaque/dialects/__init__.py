@@ -1,0 +1,36 @@
+"""The one place that knows which database novaque is talking to.
+
+- :mod:`~novaque.dialects.base`: the :class:`Dialect` base (SQL shared by every
+  database, overridden where one differs), :class:`ClaimedRow`, the shared
+  statements and the :class:`NotifyListener` protocol;
+- :mod:`~novaque.dialects.postgres`, :mod:`~novaque.dialects.mysql` (MariaDB a
+  named variant of it), :mod:`~novaque.dialects.sqlite`: one class per family;
+- :mod:`~novaque.dialects.engines`: engine and pool set-up, and
+  :func:`for_engine` / :func:`class_for`, which pick the class from the
+  engine's dialect name;
+- :mod:`~novaque.dialects.listen`: the PostgreSQL LISTEN client.
+
+Nothing outside this package branches on the database.
+"""
+
+from __future__ import annotations
+
+from novaque.dialects.base import NOTIFY_CHANNEL, ClaimedRow, Dialect, NotifyListener
+from novaque.dialects.engines import class_for, create_engine, for_engine, own_engine
+from novaque.dialects.mysql import MySQLDialect
+from novaque.dialects.postgres import PostgresDialect
+from novaque.dialects.sqlite import SQLiteDialect
+
+__all__ = [
+    "NOTIFY_CHANNEL",
+    "ClaimedRow",
+    "Dialect",
+    "MySQLDialect",
+    "NotifyListener",
+    "PostgresDialect",
+    "SQLiteDialect",
+    "class_for",
+    "create_engine",
+    "for_engine",
+    "own_engine",
+]

@@ -1,0 +1,444 @@
+"""What every database shares: the :class:`Dialect` base, its statements and row types.
+
+A dialect holds the SQL that differs between PostgreSQL, MySQL/MariaDB and
+SQLite and the facts about each database (which errors are worth a retry,
+which operations are one statement, the version floor). Subclasses live in
+:mod:`~novaque.dialects.postgres`, :mod:`~novaque.dialects.mysql` and
+:mod:`~novaque.dialects.sqlite`; :mod:`~novaque.dialects.engines` picks one
+for an engine. The client, consumers and maintenance call these methods and
+never branch on the database themselves.
+
+Statements are built once, at import, from bound parameters, so SQLAlchemy's
+compiled cache serves every call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
+
+from novaque.errors import UnsupportedDatabase
+from novaque.schema import (
+    COUNTER_COLUMNS,
+    STATE_LEASED,
+    STATE_READY,
+    channels,
+    deliveries,
+    messages,
+    stats,
+)
+
+T = TypeVar("T")
+T_row = TypeVar("T_row", bound=tuple[Any, ...])
+
+d = deliveries
+m = messages
+
+NOTIFY_CHANNEL = "novaque"
+
+
+class NotifyListener(Protocol):
+    """A connection that receives the wake-ups sent by :meth:`Dialect.notify`."""
+
+    def wait(self, timeout: float) -> list[str]:
+        """Wait up to ``timeout`` seconds; return the topics notified meanwhile.
+
+        Returns early (possibly with nothing) after :meth:`interrupt`. Raises
+        when the connection is lost; the caller then closes it and opens a
+        new one.
+        """
+        ...
+
+    def interrupt(self) -> None:
+        """Make a :meth:`wait` in another thread return at once."""
+        ...
+
+    def close(self) -> None:
+        """Close the connection (safe to call twice, and on a broken connection)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRow:
+    """One claimed delivery with its message, as the dialects return it."""
+
+    delivery_id: int
+    message_id: int
+    attempts: int
+    max_attempts: int
+    body: bytes
+    headers: str | None
+    published_at: int
+
+
+# -- statements shared by several dialects ------------------------------------
+
+_claim_filter = sa.and_(
+    d.c.channel_id == sa.bindparam("p_channel"),
+    d.c.visible_at <= sa.bindparam("p_now"),
+    d.c.attempts < d.c.max_attempts,
+)
+_claim_ids = (
+    sa.select(d.c.id)
+    .where(_claim_filter)
+    .order_by(d.c.visible_at, d.c.id)
+    .limit(sa.bindparam("p_limit", type_=sa.Integer))
+    .with_for_update(skip_locked=True)
+)
+_lease_values = {
+    "state": STATE_LEASED,
+    "visible_at": sa.bindparam("p_until"),
+    "lease_token": sa.bindparam("p_token"),
+    "attempts": d.c.attempts + 1,
+}
+_claim_update_returning = (
+    sa.update(d)
+    .where(d.c.id.in_(_claim_ids.scalar_subquery()))
+    .values(_lease_values)
+    .returning(d.c.id, d.c.message_id, d.c.attempts, d.c.max_attempts)
+)
+_message_fields = sa.select(m.c.id, m.c.body, m.c.headers, m.c.published_at).where(
+    m.c.id.in_(sa.bindparam("p_ids", expanding=True))
+)
+_channels_of_topic = (
+    sa.select(channels.c.id)
+    .where(channels.c.topic_id == sa.bindparam("p_topic_id"))
+    .order_by(channels.c.id)
+)
+_ack_delete_returning = (
+    sa.delete(d)
+    .where(
+        d.c.id.in_(sa.bindparam("p_ids", expanding=True)),
+        d.c.lease_token == sa.bindparam("p_token"),
+    )
+    .returning(d.c.id)
+)
+
+
+class Dialect:
+    """Behaviour shared by every backend; subclasses override what differs."""
+
+    name: ClassVar[str] = ""
+    #: (major, minor, ...) below which :meth:`check_floor` refuses the database.
+    floor: ClassVar[tuple[int, ...]] = ()
+    #: Whether the server pushes wake-ups (PostgreSQL LISTEN/NOTIFY).
+    supports_notify: ClassVar[bool] = False
+
+    #: Whether one transaction at a time may write (SQLite locks the whole
+    #: file): the executor then makes novaque's threads take turns per file.
+    one_writer: ClassVar[bool] = False
+
+    # -- set-up -----------------------------------------------------------------
+
+    @classmethod
+    def check_floor(cls, conn: sa.Connection) -> None:
+        version = tuple(conn.dialect.server_version_info or ())
+        if version < cls.floor:
+            raise UnsupportedDatabase(
+                f"{cls.label(conn)} {_dotted(version)} is too old: novaque needs "
+                f"{cls.label(conn)} >= {_dotted(cls.floor)}"
+            )
+
+    @classmethod
+    def label(cls, conn: sa.Connection) -> str:
+        return cls.name
+
+    @classmethod
+    @contextlib.contextmanager
+    def migration_lock(cls, conn: sa.Connection) -> Iterator[None]:
+        """Serialize migrations of many processes starting at once.
+
+        SQLite needs nothing more: novaque's transactions hold the write lock.
+        """
+        yield
+
+    def db_now_us(self, conn: sa.Connection) -> int | None:
+        """The server clock in epoch microseconds, or None to use the local clock."""
+        return None
+
+    @contextlib.contextmanager
+    def migration_session(self, conn: sa.Connection) -> Iterator[None]:
+        """Around the transaction a migration runs in, on its connection (none here).
+
+        For what must be switched outside a transaction; the executor's
+        ``migration_transaction`` begins the transaction inside it.
+        """
+        yield
+
+    def check_migration(self, conn: sa.Connection) -> None:
+        """Checks at the end of a migration's transaction, before it commits."""
+
+    # -- transactions -------------------------------------------------------------
+
+    def is_retryable(self, exc: DBAPIError) -> bool:
+        """True for errors a repeat of the same transaction can cure (deadlock, busy)."""
+        return False
+
+    #: Operations ("publish", "claim", "ack", "ack_claim", "settle": requeue,
+    #: reject, renew) that this dialect does in a single statement; their
+    #: callers pass ``one_statement=True`` to the executor's ``run``, which
+    #: then runs them in autocommit (a statement is a transaction by itself:
+    #: one round trip instead of BEGIN, statement, COMMIT). Empty: never.
+    one_statement_ops: ClassVar[frozenset[str]] = frozenset()
+
+    def begin_transaction(self, conn: sa.Connection) -> None:
+        """First statement of each of novaque's own transactions, if any.
+
+        The executor skips it on engines made by :func:`novaque.connect`, whose
+        connections are set up once instead (see
+        :func:`novaque.dialects.engines.session_ready`).
+        """
+
+    # -- publishing -----------------------------------------------------------------
+
+    def insert_messages(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> list[int]:
+        """Insert message rows in one round trip and return their ids, in order."""
+        if len(rows) == 1:
+            return [_inserted_id(conn.execute(sa.insert(m), rows[0]))]
+        result = conn.execute(sa.insert(m).returning(m.c.id, sort_by_parameter_order=True), rows)
+        return [int(row[0]) for row in result]
+
+    def publish_plain(
+        self,
+        conn: sa.Connection,
+        topic: str,
+        fields: dict[str, Any],
+        bodies: list[bytes],
+        visible: int,
+    ) -> tuple[list[int], dict[int, int]]:
+        """Insert messages without dedup keys and one delivery per channel of the topic.
+
+        ``fields`` holds the columns every message shares (``topic_id``,
+        ``headers``, ``published_at``, ``expires_at``, ``max_attempts``).
+        Returns the message ids in the order of ``bodies`` and the number of
+        deliveries written per channel id; wakes listeners when there are any.
+        """
+        ids = self.insert_messages(conn, [{**fields, "body": b, "dedup_key": None} for b in bodies])
+        counts = self.fan_out(conn, topic, fields["topic_id"], ids, visible, fields["max_attempts"])
+        return ids, counts
+
+    def fan_out(
+        self,
+        conn: sa.Connection,
+        topic: str,
+        topic_id: int,
+        message_ids: list[int],
+        visible: int,
+        max_attempts: int,
+    ) -> dict[int, int]:
+        """One delivery per (message, channel the topic has now); the count per channel."""
+        channel_ids = [r[0] for r in conn.execute(_channels_of_topic, {"p_topic_id": topic_id})]
+        if not channel_ids:
+            return {}
+        conn.execute(
+            sa.insert(d),
+            [
+                {
+                    "message_id": mid,
+                    "channel_id": cid,
+                    "state": STATE_READY,
+                    "visible_at": visible,
+                    "attempts": 0,
+                    "max_attempts": max_attempts,
+                }
+                for mid in message_ids
+                for cid in channel_ids
+            ],
+        )
+        self.notify(conn, topic)
+        return {cid: len(message_ids) for cid in channel_ids}
+
+    def notify(self, conn: sa.Connection, topic: str) -> None:
+        """Wake listening consumers of ``topic`` when the transaction commits."""
+
+    def open_listener(self, engine: sa.Engine) -> NotifyListener | None:
+        """Open a connection to ``engine``'s database that receives :meth:`notify` wake-ups.
+
+        Returns None where the database has no such push (consumers then only
+        poll). Raises if the server cannot be reached.
+        """
+        return None
+
+    def read_latest(self, stmt: sa.Select[T_row]) -> sa.Select[T_row]:
+        """``stmt`` made to see the latest committed rows in the caller's transaction.
+
+        A plain read does on PostgreSQL and SQLite (READ COMMITTED, one writer).
+        """
+        return stmt
+
+    def insert_ignore(self, conn: sa.Connection, table: sa.Table, values: dict[str, Any]) -> None:
+        """Insert a row unless it would break a unique constraint (then do nothing).
+
+        Never raises on a duplicate, so it is safe inside the caller's transaction
+        while another transaction creates the same row.
+        """
+        conn.execute(self._insert(table).on_conflict_do_nothing(), values)
+
+    def insert_deduplicated(self, conn: sa.Connection, row: dict[str, Any]) -> int | None:
+        """Insert a message with a dedup key; its id, or None if the key is taken."""
+        stmt = (
+            self._insert(m)
+            .on_conflict_do_nothing(index_elements=[m.c.topic_id, m.c.dedup_key])
+            .returning(m.c.id)
+        )
+        found = conn.execute(stmt, row).scalar_one_or_none()
+        return None if found is None else int(found)
+
+    def delete_deliveries(self, conn: sa.Connection, where: sa.ColumnElement[bool]) -> list[int]:
+        """Delete the deliveries matching ``where``; the channel id of each one deleted.
+
+        Concurrent callers never both report the same row (each row is counted
+        once in the ``purged`` counter).
+        """
+        return [
+            int(r[0]) for r in conn.execute(sa.delete(d).where(where).returning(d.c.channel_id))
+        ]
+
+    # -- query plans ------------------------------------------------------------------
+
+    def claim_statement(self) -> sa.ClauseElement:
+        """The statement that picks and leases deliveries in :meth:`claim` (for plan checks).
+
+        Parameters: ``p_channel``, ``p_now``, ``p_limit``, ``p_until``, ``p_token``.
+        """
+        return _claim_update_returning
+
+    def explain(
+        self,
+        conn: sa.Connection,
+        stmt: sa.ClauseElement,
+        params: dict[str, Any],
+        *,
+        analyze: bool = False,
+    ) -> str:
+        """The database's plan for ``stmt`` with ``params``, as text (one line per row).
+
+        ``analyze`` runs the statement and reports real timings where the
+        database can (PostgreSQL ``EXPLAIN (ANALYZE, BUFFERS)``, MariaDB
+        ``ANALYZE``, MySQL ``EXPLAIN ANALYZE``); use it on reads only.
+        ``params`` fill the statement's bound parameters (not expanding ones).
+        """
+        sql, values = _driver_sql(conn, stmt, params)
+        rows = conn.exec_driver_sql(self._explain_prefix(conn, analyze) + sql, values).all()
+        return "\n".join(" ".join(str(v) for v in row) for row in rows)
+
+    def _explain_prefix(self, conn: sa.Connection, analyze: bool) -> str:
+        return "EXPLAIN (ANALYZE, BUFFERS) " if analyze else "EXPLAIN "
+
+    # -- claiming -------------------------------------------------------------------
+
+    def claim(
+        self, conn: sa.Connection, channel_id: int, limit: int, now: int, until: int, token: str
+    ) -> list[ClaimedRow]:
+        """Lease up to ``limit`` due deliveries of a channel, oldest due first."""
+        params = _claim_params(channel_id, limit, now, until, token)
+        leased = conn.execute(_claim_update_returning, params).all()
+        return self._with_messages(conn, [(r[0], r[1], r[2], r[3]) for r in leased])
+
+    def _with_messages(
+        self, conn: sa.Connection, leased: Sequence[tuple[int, int, int, int]]
+    ) -> list[ClaimedRow]:
+        if not leased:
+            return []
+        ids = sorted({message_id for _, message_id, _, _ in leased})
+        found = {r[0]: r for r in conn.execute(_message_fields, {"p_ids": ids})}
+        rows = [
+            ClaimedRow(
+                did, mid, attempts, max_attempts, bytes(found[mid][1]), found[mid][2], found[mid][3]
+            )
+            for did, mid, attempts, max_attempts in leased
+        ]
+        rows.sort(key=lambda row: row.delivery_id)
+        return rows
+
+    def ack_and_claim(
+        self,
+        conn: sa.Connection,
+        pairs: Sequence[tuple[int, str]],
+        channel_id: int,
+        limit: int,
+        now: int,
+        until: int,
+        token: str,
+    ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
+        """:meth:`delete_leased_pairs`, then :meth:`claim`, in the caller's transaction.
+
+        The deliveries acked are gone before the claim looks, so it never
+        leases one of them (not even one whose lease had expired).
+        """
+        done = self.delete_leased_pairs(conn, pairs)
+        return done, self.claim(conn, channel_id, limit, now, until, token)
+
+    # -- settling -------------------------------------------------------------------
+
+    def delete_leased(self, conn: sa.Connection, ids: Sequence[int], token: str) -> set[int]:
+        """Delete the deliveries among ``ids`` still leased with ``token``; return those."""
+        result = conn.execute(_ack_delete_returning, {"p_ids": list(ids), "p_token": token})
+        return {int(r[0]) for r in result}
+
+    def delete_leased_pairs(
+        self, conn: sa.Connection, pairs: Sequence[tuple[int, str]]
+    ) -> set[tuple[int, str]]:
+        """Delete each delivery of ``(delivery_id, lease_token)`` still leased with that
+        token; return the pairs deleted."""
+        by_token: dict[str, list[int]] = {}
+        for delivery_id, token in pairs:
+            by_token.setdefault(token, []).append(delivery_id)
+        done: set[tuple[int, str]] = set()
+        for token, ids in by_token.items():
+            done.update((i, token) for i in self.delete_leased(conn, sorted(ids), token))
+        return done
+
+    # -- stats ----------------------------------------------------------------------
+
+    def upsert_stats(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
+        """Add counter deltas to their (channel, day) buckets, creating missing ones."""
+        insert = self._insert(stats)
+        stmt = insert.on_conflict_do_update(
+            index_elements=[stats.c.channel_id, stats.c.day],
+            set_={c: stats.c[c] + insert.excluded[c] for c in COUNTER_COLUMNS},
+        )
+        conn.execute(stmt, rows)
+
+    def _insert(self, table: sa.Table) -> Any:
+        """The dialect's own INSERT construct (with its upsert clauses)."""
+        raise NotImplementedError
+
+
+def _driver_sql(
+    conn: sa.Connection, stmt: sa.ClauseElement, params: dict[str, Any]
+) -> tuple[str, Any]:
+    """``stmt`` compiled for the connection's driver, with its parameters in driver form."""
+    compiled = stmt.compile(dialect=conn.dialect)
+    assert isinstance(compiled, sa.sql.compiler.SQLCompiler)
+    values = compiled.construct_params(params)
+    if compiled.positional:
+        return compiled.string, tuple(values[name] for name in compiled.positiontup or ())
+    return compiled.string, values
+
+
+def _claim_params(
+    channel_id: int, limit: int, now: int, until: int, token: str
+) -> dict[str, object]:
+    return {
+        "p_channel": channel_id,
+        "p_now": now,
+        "p_limit": limit,
+        "p_until": until,
+        "p_token": token,
+    }
+
+
+def _dotted(version: Iterable[object]) -> str:
+    return ".".join(str(part) for part in version)
+
+
+def _inserted_id(result: sa.CursorResult[Any]) -> int:
+    key = result.inserted_primary_key
+    assert key is not None
+    return int(key[0])

@@ -1,0 +1,232 @@
+"""Engines and pools set up for novaque, and the dialect chosen for an engine."""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+
+from novaque.dialects.base import Dialect
+from novaque.dialects.mysql import MySQLDialect
+from novaque.dialects.postgres import PostgresDialect
+from novaque.dialects.sqlite import BEGINS_IMMEDIATE, SQLiteDialect
+from novaque.errors import UnsupportedDatabase
+
+#: Engines built by :func:`novaque.connect` are already set up for novaque.
+_PREPARED: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
+#: MySQL engines built by :func:`novaque.connect`: READ COMMITTED on every connection.
+_READ_COMMITTED: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
+
+
+def sqlite_own_engine(engine: sa.Engine) -> sa.Engine:
+    """An engine on the same file, set up for novaque's transactions.
+
+    novaque's writes must take SQLite's write lock up front (``BEGIN
+    IMMEDIATE``), so that waiting happens where ``busy_timeout`` applies;
+    a deferred transaction that reads and then writes fails at once under
+    contention. Changing how transactions begin on the application's
+    engine would change the application's own transactions, so novaque
+    opens its own engine on the same file instead.
+    """
+    url = engine.url
+    database = url.database or ""
+    if (
+        database in ("", ":memory:")
+        or database.startswith("file::memory:")
+        or ("mode=memory" in database or url.query.get("mode") == "memory")
+    ):
+        raise UnsupportedDatabase(
+            "novaque needs a file-backed SQLite database: an in-memory database "
+            "is private to one connection and cannot be shared by novaque's "
+            "connections, consumers and processes (use e.g. sqlite:///novaque.db)"
+        )
+    own = sa.create_engine(url, pool_size=8, max_overflow=16, pool_timeout=60)
+    configure_sqlite(own)
+    return own
+
+
+def configure_sqlite(engine: sa.Engine) -> None:
+    """Pragmas on every connection, and BEGIN IMMEDIATE for every transaction."""
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_conn: Any, record: Any) -> None:
+        # Let novaque, not the sqlite3 module, decide when transactions begin.
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {SQLiteDialect.busy_timeout_ms}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA synchronous = FULL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: sa.Connection) -> None:
+        # Straight to the driver: this runs before every transaction, and
+        # SQLAlchemy's statement machinery would cost more than SQLite does.
+        conn.connection.dbapi_connection.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
+
+    BEGINS_IMMEDIATE.add(engine)
+
+
+_DIALECTS: dict[str, type[Dialect]] = {
+    "postgresql": PostgresDialect,
+    "mysql": MySQLDialect,
+    "mariadb": MySQLDialect,
+    "sqlite": SQLiteDialect,
+}
+
+
+def for_engine(engine: sa.Engine) -> Dialect:
+    """The dialect layer for ``engine``'s database."""
+    cls = _DIALECTS.get(engine.dialect.name)
+    if cls is None:
+        raise UnsupportedDatabase(
+            f"novaque does not support the {engine.dialect.name!r} database; "
+            "it runs on PostgreSQL, MySQL/MariaDB and SQLite"
+        )
+    return cls()
+
+
+def own_engine(engine: sa.Engine) -> sa.Engine:
+    """The engine novaque should run its own transactions on, for a client of ``engine``.
+
+    ``engine`` itself, except on SQLite when it was not made by
+    :func:`create_engine`: then a second engine on the same file
+    (:func:`sqlite_own_engine`), which the caller disposes of.
+    """
+    if engine.dialect.name == "sqlite" and engine not in _PREPARED:
+        return sqlite_own_engine(engine)
+    return engine
+
+
+def session_ready(engine: sa.Engine) -> bool:
+    """Whether every connection of ``engine`` was set up once for novaque's transactions.
+
+    True for MySQL/MariaDB engines made by :func:`create_engine` (READ
+    COMMITTED on every connection): the dialect's ``begin_transaction`` is
+    then not needed.
+    """
+    return engine in _READ_COMMITTED
+
+
+def class_for(conn: sa.Connection) -> type[Dialect]:
+    """The dialect class of a connection (for work done on the caller's connection)."""
+    cls = _DIALECTS.get(conn.dialect.name)
+    if cls is None:
+        raise UnsupportedDatabase(f"novaque does not support the {conn.dialect.name!r} database")
+    return cls
+
+
+#: A pooled connection unused for longer than this is pinged before it is handed out.
+PING_IDLE_S = 1.0
+
+
+def _ping_when_idle(engine: sa.Engine) -> None:
+    """Check a pooled connection before use only when it has been idle a while.
+
+    ``pool_pre_ping`` would add a round trip to every transaction, which on
+    the hot path (one publish, one claim, one ack) costs about as much as the
+    statement itself. A connection used within the last second is as good as
+    known alive; one that sat idle (and so may have been dropped by a server
+    restart, a proxy or a timeout) is pinged, and a dead one is replaced
+    before the caller sees it (SQLAlchemy's pessimistic disconnect recipe).
+    A failure on a busy connection still invalidates the pool, as usual.
+    """
+
+    @event.listens_for(engine, "checkout")
+    def _checkout(dbapi_conn: Any, record: Any, proxy: Any) -> None:
+        last = record.info.get("novaque_checkin")
+        if last is None or time.monotonic() - last < PING_IDLE_S:
+            return
+        try:
+            alive = engine.dialect.do_ping(dbapi_conn)
+        except Exception as exc:
+            raise sa.exc.DisconnectionError(f"pooled connection is gone: {exc}") from exc
+        if not alive:
+            raise sa.exc.DisconnectionError("pooled connection is gone")
+
+    @event.listens_for(engine, "checkin")
+    def _checkin(dbapi_conn: Any, record: Any) -> None:
+        record.info["novaque_checkin"] = time.monotonic()
+
+
+def _rollback_if_open(dbapi_conn: Any, record: Any, state: Any) -> None:
+    """Pool reset on return for MySQL: roll back only if a transaction is open.
+
+    SQLAlchemy's default reset sends ROLLBACK whenever a connection returns to
+    the pool, even right after a COMMIT: one more round trip per transaction
+    with PyMySQL (psycopg skips it when idle). The server reports in every
+    reply whether a transaction is open, so only those are rolled back.
+    """
+    if state.transaction_was_reset or state.terminate_only:
+        return
+    status = getattr(dbapi_conn, "server_status", None)
+    if status is None or status & _SERVER_STATUS_IN_TRANS:
+        dbapi_conn.rollback()
+
+
+#: Bit of the MySQL protocol's server status flags: a transaction is open.
+_SERVER_STATUS_IN_TRANS = 0x0001
+
+
+#: Per backend: the extra that installs novaque's driver, and the URL form using it.
+_DRIVERS = {
+    "postgresql": ("postgres", "postgresql+psycopg://"),
+    "mysql": ("mysql", "mysql+pymysql://"),
+    "mariadb": ("mysql", "mariadb+pymysql://"),
+}
+
+
+def missing_driver(url: sa.URL, exc: ModuleNotFoundError) -> ModuleNotFoundError:
+    """The error for a URL whose driver is not installed: the extra and URL form to use."""
+    backend = url.get_backend_name()
+    extra, form = _DRIVERS.get(backend, ("postgres", "postgresql+psycopg://"))
+    named = url.drivername
+    if named == form.removesuffix("://"):
+        text = f"{exc}: install novaque's driver with pip install 'novaque[{extra}]'"
+    else:
+        text = (
+            f"{named}:// needs a driver that is not installed ({exc}); novaque's driver "
+            f"is installed with pip install 'novaque[{extra}]' and used with {form} URLs"
+        )
+    error = ModuleNotFoundError(text)
+    error.name = exc.name
+    return error
+
+
+def create_engine(url: str | sa.URL, pool_size: int) -> sa.Engine:
+    """Build an engine for ``url`` with the settings novaque runs best with."""
+    parsed = sa.make_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        probe = sa.create_engine(parsed)
+        try:
+            engine = sqlite_own_engine(probe)
+        finally:
+            probe.dispose()
+    elif backend in ("postgresql", "mysql", "mariadb"):
+        kwargs: dict[str, Any] = {"pool_size": pool_size, "max_overflow": pool_size}
+        if backend != "postgresql":
+            kwargs["pool_recycle"] = 3600  # below MySQL's default wait_timeout
+            # READ COMMITTED set once per connection instead of a SET TRANSACTION
+            # before each of novaque's transactions (see MySQLDialect).
+            kwargs["isolation_level"] = "READ COMMITTED"
+            kwargs["pool_reset_on_return"] = None  # replaced by _rollback_if_open
+        try:
+            engine = sa.create_engine(parsed, **kwargs)
+        except ModuleNotFoundError as exc:
+            raise missing_driver(parsed, exc) from None
+        _ping_when_idle(engine)
+        if backend != "postgresql":
+            _READ_COMMITTED.add(engine)
+            event.listen(engine, "reset", _rollback_if_open)
+    else:
+        raise UnsupportedDatabase(
+            f"novaque does not support {backend!r} URLs; use postgresql+psycopg://, "
+            "mysql+pymysql:// or sqlite:///"
+        )
+    _PREPARED.add(engine)
+    return engine

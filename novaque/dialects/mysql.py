@@ -1,0 +1,281 @@
+"""MySQL, and MariaDB as a named variant of it (RETURNING where MariaDB has it)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql as mysql_dialect
+from sqlalchemy.exc import DBAPIError
+
+from novaque.dialects.base import (
+    ClaimedRow,
+    Dialect,
+    T_row,
+    _claim_filter,
+    _dotted,
+    _driver_sql,
+    _inserted_id,
+    _lease_values,
+    _message_fields,
+    d,
+    m,
+)
+from novaque.errors import UnsupportedDatabase
+from novaque.schema import COUNTER_COLUMNS, STATE_READY, channels, stats
+
+MIGRATION_LOCK_NAME = "novaque_migrate"
+
+
+def _mysql_code(exc: DBAPIError) -> object:
+    args: tuple[object, ...] = tuple(getattr(exc.orig, "args", ()))
+    return args[0] if args else None
+
+
+class MySQLDialect(Dialect):
+    name = "MySQL"
+    floor = (8, 0, 1)
+
+    # The message fields come with the locking read, through primary-key
+    # subqueries: InnoDB locks only the rows of the outer query (a locking
+    # clause does not reach a nested subquery), so messages stay unlocked for
+    # the consumers of the topic's other channels. Saves the round trip of a
+    # separate SELECT of the messages.
+    _lock_ids = (
+        sa.select(
+            d.c.id,
+            d.c.message_id,
+            d.c.attempts,
+            d.c.max_attempts,
+            *(
+                sa.select(col).where(m.c.id == d.c.message_id).correlate(d).scalar_subquery()
+                for col in (m.c.body, m.c.headers, m.c.published_at)
+            ),
+        )
+        .where(_claim_filter)
+        .order_by(d.c.visible_at, d.c.id)
+        .limit(sa.bindparam("p_limit", type_=sa.Integer))
+        .with_for_update(skip_locked=True)
+    )
+    _lease = (
+        sa.update(d).where(d.c.id.in_(sa.bindparam("p_ids", expanding=True))).values(_lease_values)
+    )
+    _lock_leased = (
+        sa.select(d.c.id)
+        .where(
+            d.c.id.in_(sa.bindparam("p_ids", expanding=True)),
+            d.c.lease_token == sa.bindparam("p_token"),
+        )
+        .with_for_update()
+    )
+    _delete_ids = sa.delete(d).where(d.c.id.in_(sa.bindparam("p_ids", expanding=True)))
+
+    @classmethod
+    def label(cls, conn: sa.Connection) -> str:
+        return "MariaDB" if getattr(conn.dialect, "is_mariadb", False) else "MySQL"
+
+    def claim_statement(self) -> sa.ClauseElement:
+        return self._lock_ids
+
+    def explain(
+        self,
+        conn: sa.Connection,
+        stmt: sa.ClauseElement,
+        params: dict[str, Any],
+        *,
+        analyze: bool = False,
+    ) -> str:
+        if analyze and not getattr(conn.dialect, "is_mariadb", False):
+            return super().explain(conn, stmt, params, analyze=True)  # EXPLAIN ANALYZE: a tree
+        sql, values = _driver_sql(conn, stmt, params)
+        result = conn.exec_driver_sql(("ANALYZE " if analyze else "EXPLAIN ") + sql, values)
+        keys = list(result.keys())
+        # One line per table access: table, access type, index, rows, extra.
+        return "\n".join(
+            " ".join(f"{k}={v}" for k, v in zip(keys, row, strict=True) if v is not None)
+            for row in result
+        )
+
+    def _explain_prefix(self, conn: sa.Connection, analyze: bool) -> str:
+        return "EXPLAIN ANALYZE " if analyze else "EXPLAIN "
+
+    @classmethod
+    def check_floor(cls, conn: sa.Connection) -> None:
+        if getattr(conn.dialect, "is_mariadb", False):
+            version = tuple(conn.dialect.server_version_info or ())
+            if version < (10, 6):
+                raise UnsupportedDatabase(
+                    f"MariaDB {_dotted(version)} is too old: novaque needs MariaDB >= 10.6 "
+                    "(for SKIP LOCKED)"
+                )
+            return
+        super().check_floor(conn)
+
+    @classmethod
+    @contextlib.contextmanager
+    def migration_lock(cls, conn: sa.Connection) -> Iterator[None]:
+        # A named lock of the session: DDL commits implicitly on MySQL, so a
+        # transaction-scoped lock would not last the whole migration.
+        got = conn.execute(sa.select(sa.func.get_lock(MIGRATION_LOCK_NAME, 600))).scalar()
+        if got != 1:
+            raise UnsupportedDatabase(
+                f"could not take the lock {MIGRATION_LOCK_NAME!r} within 600 s: "
+                "is another migration stuck?"
+            )
+        try:
+            yield
+        finally:
+            conn.execute(sa.select(sa.func.release_lock(MIGRATION_LOCK_NAME)))
+
+    def db_now_us(self, conn: sa.Connection) -> int | None:
+        return int(
+            conn.exec_driver_sql(
+                "SELECT CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)"
+            ).scalar_one()
+        )
+
+    def is_retryable(self, exc: DBAPIError) -> bool:
+        # 1213 deadlock, 1205 lock wait timeout
+        return _mysql_code(exc) in (1213, 1205)
+
+    def begin_transaction(self, conn: sa.Connection) -> None:
+        # READ COMMITTED for this transaction only: locking reads take no gap
+        # locks, so claims never deadlock with concurrent publishes. Engines
+        # made by novaque.connect() run every connection in READ COMMITTED
+        # already, which saves this round trip.
+        conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+
+    def insert_messages(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> list[int]:
+        if len(rows) == 1 or conn.dialect.insert_executemany_returning_sort_by_parameter_order:
+            return super().insert_messages(conn, rows)
+        # MySQL proper has no RETURNING and interleaves auto-increment values
+        # across concurrent inserts: ids are only known row by row.
+        return [_inserted_id(conn.execute(sa.insert(m), row)) for row in rows]
+
+    def claim(
+        self, conn: sa.Connection, channel_id: int, limit: int, now: int, until: int, token: str
+    ) -> list[ClaimedRow]:
+        # No UPDATE ... RETURNING, and no LIMIT inside IN (subquery): lock the
+        # rows first (skipping others' locks), then lease exactly those.
+        locked = conn.execute(
+            self._lock_ids, {"p_channel": channel_id, "p_now": now, "p_limit": limit}
+        ).all()
+        if not locked:
+            return []
+        conn.execute(
+            self._lease, {"p_ids": [r[0] for r in locked], "p_until": until, "p_token": token}
+        )
+        # The locking read returns the latest committed deliveries, but its
+        # subqueries read the statement's snapshot: a delivery committed just
+        # after it began comes with its message fields NULL. A new statement
+        # has a new snapshot (READ COMMITTED) that holds them.
+        late = sorted({int(r[1]) for r in locked if r[4] is None})
+        fields = {int(r[1]): (r[4], r[5], r[6]) for r in locked if r[4] is not None}
+        if late:
+            fields.update(
+                (int(r[0]), (r[1], r[2], r[3]))
+                for r in conn.execute(_message_fields, {"p_ids": late})
+            )
+        rows = [
+            ClaimedRow(r[0], r[1], r[2] + 1, r[3], bytes(fields[r[1]][0]), *fields[r[1]][1:])
+            for r in locked
+        ]
+        rows.sort(key=lambda row: row.delivery_id)
+        return rows
+
+    # MariaDB: deliveries written by the server from the channel rows, and
+    # counted from what the INSERT returns (one statement instead of two).
+    _fan_out_returning = (
+        sa.insert(d)
+        .from_select(
+            ["message_id", "channel_id", "state", "visible_at", "attempts", "max_attempts"],
+            sa.select(
+                m.c.id,
+                channels.c.id,
+                sa.literal(STATE_READY, sa.SmallInteger),
+                sa.bindparam("p_visible", type_=sa.BigInteger),
+                sa.literal(0, sa.Integer),
+                sa.bindparam("p_max_attempts", type_=sa.Integer),
+            )
+            .join_from(m, channels, channels.c.topic_id == m.c.topic_id)
+            .where(
+                channels.c.topic_id == sa.bindparam("p_topic_id"),
+                m.c.id.in_(sa.bindparam("p_ids", expanding=True)),
+            )
+            .order_by(m.c.id, channels.c.id),
+        )
+        .returning(d.c.channel_id)
+    )
+
+    def fan_out(
+        self,
+        conn: sa.Connection,
+        topic: str,
+        topic_id: int,
+        message_ids: list[int],
+        visible: int,
+        max_attempts: int,
+    ) -> dict[int, int]:
+        if not conn.dialect.insert_returning:  # MySQL proper: no INSERT ... RETURNING
+            return super().fan_out(conn, topic, topic_id, message_ids, visible, max_attempts)
+        counts: dict[int, int] = {}
+        for (channel_id,) in conn.execute(
+            self._fan_out_returning,
+            {
+                "p_topic_id": topic_id,
+                "p_ids": message_ids,
+                "p_visible": visible,
+                "p_max_attempts": max_attempts,
+            },
+        ):
+            counts[channel_id] = counts.get(channel_id, 0) + 1
+        return counts
+
+    def delete_leased(self, conn: sa.Connection, ids: Sequence[int], token: str) -> set[int]:
+        if conn.dialect.delete_returning:  # MariaDB
+            return super().delete_leased(conn, ids, token)
+        held = [
+            int(r[0])
+            for r in conn.execute(self._lock_leased, {"p_ids": list(ids), "p_token": token})
+        ]
+        if held:
+            conn.execute(self._delete_ids, {"p_ids": held})
+        return set(held)
+
+    def read_latest(self, stmt: sa.Select[T_row]) -> sa.Select[T_row]:
+        # REPEATABLE READ (MySQL's default) reads an older snapshot; a locking
+        # read sees the latest commit, and keeps the row until ours ends.
+        return stmt.with_for_update(read=True)
+
+    def insert_ignore(self, conn: sa.Connection, table: sa.Table, values: dict[str, Any]) -> None:
+        # Not INSERT IGNORE: that would also swallow foreign key and data errors.
+        key = next(iter(table.primary_key.columns))
+        stmt = mysql_dialect.insert(table).on_duplicate_key_update({key.name: key})
+        conn.execute(stmt, values)
+
+    def insert_deduplicated(self, conn: sa.Connection, row: dict[str, Any]) -> int | None:
+        # A duplicate key error ends only the statement on InnoDB, never the
+        # transaction, so the unique index decides and the caller reads the winner.
+        try:
+            return _inserted_id(conn.execute(sa.insert(m), row))
+        except sa.exc.IntegrityError as exc:
+            if _mysql_code(exc) != 1062:
+                raise
+            return None
+
+    def delete_deliveries(self, conn: sa.Connection, where: sa.ColumnElement[bool]) -> list[int]:
+        if conn.dialect.delete_returning:  # MariaDB
+            return super().delete_deliveries(conn, where)
+        held = conn.execute(sa.select(d.c.id, d.c.channel_id).where(where).with_for_update()).all()
+        if held:
+            conn.execute(self._delete_ids, {"p_ids": [r[0] for r in held]})
+        return [int(r[1]) for r in held]
+
+    def upsert_stats(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
+        insert = mysql_dialect.insert(stats)
+        stmt = insert.on_duplicate_key_update(
+            {c: stats.c[c] + insert.inserted[c] for c in COUNTER_COLUMNS}
+        )
+        conn.execute(stmt, rows)

@@ -1,0 +1,217 @@
+"""PostgreSQL: one-statement publish, claim and ack, NOTIFY, the server clock."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.exc import DBAPIError
+
+from novaque.dialects.base import (
+    NOTIFY_CHANNEL,
+    ClaimedRow,
+    Dialect,
+    NotifyListener,
+    _claim_params,
+    _claim_update_returning,
+    d,
+    m,
+)
+from novaque.dialects.listen import _PostgresListener
+from novaque.schema import STATE_LEASED, STATE_READY, channels
+
+MIGRATION_LOCK_KEY = 0x6E6F7661717565  # "novaque"
+
+
+class PostgresDialect(Dialect):
+    name = "PostgreSQL"
+    floor = (14,)
+    supports_notify = True
+
+    def __init__(self) -> None:
+        claimed = _claim_update_returning.cte("claimed")
+        self._claim_stmt = (
+            sa.select(
+                claimed.c.id,
+                claimed.c.message_id,
+                claimed.c.attempts,
+                claimed.c.max_attempts,
+                m.c.body,
+                m.c.headers,
+                m.c.published_at,
+            )
+            .join_from(claimed, m, m.c.id == claimed.c.message_id)
+            .order_by(claimed.c.id)
+        )
+
+    def claim_statement(self) -> sa.ClauseElement:
+        return self._claim_stmt
+
+    @classmethod
+    @contextlib.contextmanager
+    def migration_lock(cls, conn: sa.Connection) -> Iterator[None]:
+        # Held to the end of the migration's transaction (DDL is transactional).
+        conn.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
+        yield
+
+    one_statement_ops = frozenset({"publish", "claim", "ack", "ack_claim", "settle"})
+
+    # Ack: one statement for any number of (delivery, token) pairs.
+    _delete_pairs = sa.text(
+        f"""
+        DELETE FROM {d.name} AS d
+        USING unnest(CAST(:ids AS BIGINT[]), CAST(:tokens AS TEXT[])) AS a(id, token)
+        WHERE d.id = a.id AND d.lease_token = a.token
+        RETURNING d.id, d.lease_token
+        """
+    )
+
+    # Ack and claim in one statement: the acks' DELETE and the claim's UPDATE
+    # run on one snapshot, so the claim leaves out the deliveries being acked
+    # by id (one whose lease expired would otherwise be both deleted and
+    # leased by the same statement).
+    _ack_and_claim = sa.text(
+        f"""
+        WITH acked AS (
+            DELETE FROM {d.name} AS d
+            USING unnest(CAST(:ids AS BIGINT[]), CAST(:tokens AS TEXT[])) AS a(id, token)
+            WHERE d.id = a.id AND d.lease_token = a.token
+            RETURNING d.id, d.lease_token
+        ), claimed AS (
+            UPDATE {d.name}
+            SET state = {STATE_LEASED}, visible_at = :p_until, lease_token = :p_token,
+                attempts = attempts + 1
+            WHERE id IN (
+                SELECT id FROM {d.name}
+                WHERE channel_id = :p_channel AND visible_at <= :p_now
+                  AND attempts < max_attempts AND id <> ALL(CAST(:ids AS BIGINT[]))
+                ORDER BY visible_at, id
+                LIMIT :p_limit
+                FOR UPDATE SKIP LOCKED
+            )
+            RETURNING id, message_id, attempts, max_attempts
+        )
+        SELECT 0, id, NULL, NULL, NULL, NULL, NULL, NULL, lease_token FROM acked
+        UNION ALL
+        SELECT 1, c.id, c.message_id, c.attempts, c.max_attempts, m.body, m.headers,
+               m.published_at, NULL
+        FROM claimed c JOIN {m.name} m ON m.id = c.message_id
+        """
+    )
+
+    def ack_and_claim(
+        self,
+        conn: sa.Connection,
+        pairs: Sequence[tuple[int, str]],
+        channel_id: int,
+        limit: int,
+        now: int,
+        until: int,
+        token: str,
+    ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
+        ordered = sorted(pairs)
+        params = _claim_params(channel_id, limit, now, until, token)
+        params.update(ids=[p[0] for p in ordered], tokens=[p[1] for p in ordered])
+        done: set[tuple[int, str]] = set()
+        rows: list[ClaimedRow] = []
+        for r in conn.execute(self._ack_and_claim, params):
+            if r[0] == 0:
+                done.add((int(r[1]), str(r[8])))
+            else:
+                rows.append(ClaimedRow(r[1], r[2], r[3], r[4], bytes(r[5]), r[6], r[7]))
+        rows.sort(key=lambda row: row.delivery_id)
+        return done, rows
+
+    def delete_leased_pairs(
+        self, conn: sa.Connection, pairs: Sequence[tuple[int, str]]
+    ) -> set[tuple[int, str]]:
+        ordered = sorted(pairs)
+        result = conn.execute(
+            self._delete_pairs,
+            {"ids": [p[0] for p in ordered], "tokens": [p[1] for p in ordered]},
+        )
+        return {(int(r[0]), str(r[1])) for r in result}
+
+    def db_now_us(self, conn: sa.Connection) -> int | None:
+        return int(
+            conn.exec_driver_sql(
+                "SELECT (extract(epoch from clock_timestamp()) * 1000000)::bigint"
+            ).scalar_one()
+        )
+
+    def is_retryable(self, exc: DBAPIError) -> bool:
+        return getattr(exc.orig, "sqlstate", None) in ("40P01", "40001")
+
+    def notify(self, conn: sa.Connection, topic: str) -> None:
+        conn.execute(sa.select(sa.func.pg_notify(NOTIFY_CHANNEL, topic)))
+
+    # One statement does the whole publish: the messages from an array of
+    # bodies (in order, so their ids ascend with it), one delivery per
+    # (message, channel the topic has when the statement starts), the count per
+    # channel for the stats, and NOTIFY when deliveries were written.
+    _publish = sa.text(
+        f"""
+        WITH msg AS (
+            INSERT INTO {m.name} (topic_id, body, headers, published_at, expires_at, max_attempts)
+            SELECT :topic_id, u.body, CAST(:headers AS TEXT), :published_at, :expires_at,
+                   :max_attempts
+            FROM unnest(CAST(:bodies AS BYTEA[])) WITH ORDINALITY AS u(body, n)
+            ORDER BY u.n
+            RETURNING id
+        ), dl AS (
+            INSERT INTO {d.name} (message_id, channel_id, state, visible_at, attempts,
+                                  max_attempts)
+            SELECT msg.id, c.id, {STATE_READY}, :visible, 0, :max_attempts
+            FROM msg CROSS JOIN {channels.name} c
+            WHERE c.topic_id = :topic_id
+            ORDER BY msg.id, c.id
+            RETURNING channel_id
+        ), fan AS (
+            SELECT channel_id, count(*) AS n FROM dl GROUP BY channel_id
+        )
+        SELECT ARRAY(SELECT id FROM msg ORDER BY id),
+               ARRAY(SELECT channel_id FROM fan ORDER BY channel_id),
+               ARRAY(SELECT n FROM fan ORDER BY channel_id),
+               CASE WHEN EXISTS (SELECT 1 FROM dl)
+                    THEN pg_notify('{NOTIFY_CHANNEL}', :topic) END
+        """
+    )
+
+    def publish_plain(
+        self,
+        conn: sa.Connection,
+        topic: str,
+        fields: dict[str, Any],
+        bodies: list[bytes],
+        visible: int,
+    ) -> tuple[list[int], dict[int, int]]:
+        row = conn.execute(
+            self._publish, {**fields, "bodies": bodies, "visible": visible, "topic": topic}
+        ).one()
+        return [int(i) for i in row[0]], {
+            int(c): int(n) for c, n in zip(row[1], row[2], strict=True)
+        }
+
+    def open_listener(self, engine: sa.Engine) -> NotifyListener | None:
+        try:
+            import psycopg  # noqa: F401  (psycopg 3 reads notifications with a timeout)
+        except ImportError:
+            return None
+        return _PostgresListener(engine)
+
+    def claim(
+        self, conn: sa.Connection, channel_id: int, limit: int, now: int, until: int, token: str
+    ) -> list[ClaimedRow]:
+        # One statement: lock (skipping rows other consumers hold), lease, and
+        # return the message with each delivery.
+        params = _claim_params(channel_id, limit, now, until, token)
+        return [
+            ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6])
+            for r in conn.execute(self._claim_stmt, params)
+        ]
+
+    def _insert(self, table: sa.Table) -> Any:
+        return pg_dialect.insert(table)

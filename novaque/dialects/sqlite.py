@@ -1,0 +1,190 @@
+"""SQLite: claims in write transactions (BEGIN IMMEDIATE), publish straight to the driver."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.exc import DBAPIError
+
+from novaque.dialects.base import (
+    ClaimedRow,
+    Dialect,
+    _claim_ids,
+    _claim_params,
+    _dotted,
+    _driver_sql,
+    _lease_values,
+    d,
+    m,
+)
+from novaque.errors import UnsupportedDatabase
+from novaque.schema import STATE_READY, channels
+
+#: Engines whose every transaction begins with ``BEGIN IMMEDIATE`` (set up by
+#: :func:`novaque.dialects.engines.configure_sqlite`): a transaction on one
+#: holds the write lock from its start.
+BEGINS_IMMEDIATE: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
+
+
+class SQLiteDialect(Dialect):
+    name = "SQLite"
+    floor = (3, 35)
+    busy_timeout_ms = 30_000
+    # Every transaction of novaque's takes SQLite's write lock up front.
+    # Threads of one process wait for each other in the executor, where the
+    # next one goes as soon as the lock is free, rather than in SQLite's busy
+    # handler, which sleeps for growing intervals (up to 100 ms) between
+    # tries: a consumer's claims and acks would otherwise stall each other.
+    # Other processes still meet in the busy handler.
+    one_writer = True
+
+    @classmethod
+    def check_floor(cls, conn: sa.Connection) -> None:
+        version = sqlite3.sqlite_version_info
+        if version < cls.floor:
+            raise UnsupportedDatabase(
+                f"SQLite {_dotted(version)} is too old: novaque needs SQLite >= 3.35 "
+                "(for UPDATE ... RETURNING)"
+            )
+
+    @contextlib.contextmanager
+    def migration_session(self, conn: sa.Connection) -> Iterator[None]:
+        # Rebuilding a table (how SQLite alters most things) drops it, and
+        # dropping a parent table with foreign keys enforced deletes its
+        # children: migrations run with enforcement off (it can only be
+        # switched outside a transaction), and the result is checked before
+        # the commit (check_migration).
+        raw: Any = conn.connection.dbapi_connection
+        raw.execute("PRAGMA foreign_keys = OFF")
+        try:
+            yield
+        finally:
+            raw.execute("PRAGMA foreign_keys = ON")
+
+    def check_migration(self, conn: sa.Connection) -> None:
+        broken = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
+        if broken:
+            raise RuntimeError(
+                f"migration left {len(broken)} rows with a dangling foreign key "
+                f"(first: {tuple(broken[0])}); rolled back"
+            )
+
+    def is_retryable(self, exc: DBAPIError) -> bool:
+        text = str(exc.orig).lower()
+        return "database is locked" in text or "database is busy" in text
+
+    def _insert(self, table: sa.Table) -> Any:
+        return sqlite_dialect.insert(table)
+
+    # Claim in one statement: RETURNING cannot join, but it can read each
+    # leased delivery's message fields with primary-key subqueries.
+    _claim_stmt = (
+        sa.update(d)
+        .where(d.c.id.in_(_claim_ids.scalar_subquery()))
+        .values(_lease_values)
+        .returning(
+            d.c.id,
+            d.c.message_id,
+            d.c.attempts,
+            d.c.max_attempts,
+            *(
+                sa.select(col).where(m.c.id == d.c.message_id).correlate(d).scalar_subquery()
+                for col in (m.c.body, m.c.headers, m.c.published_at)
+            ),
+        )
+    )
+
+    def claim_statement(self) -> sa.ClauseElement:
+        return self._claim_stmt
+
+    def claim(
+        self, conn: sa.Connection, channel_id: int, limit: int, now: int, until: int, token: str
+    ) -> list[ClaimedRow]:
+        params = _claim_params(channel_id, limit, now, until, token)
+        rows = [
+            ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6])
+            for r in conn.execute(self._claim_stmt, params)
+        ]
+        rows.sort(key=lambda row: row.delivery_id)
+        return rows
+
+    _insert_messages = (
+        f"INSERT INTO {m.name} (topic_id, body, headers, published_at, expires_at, max_attempts) "
+        "VALUES (?, ?, ?, ?, ?, ?)"
+    )
+    _insert_message_returning = _insert_messages + " RETURNING id"
+    _fan_out_one = (
+        f"INSERT INTO {d.name} (message_id, channel_id, state, visible_at, attempts, "
+        f"max_attempts) SELECT ?, id, {STATE_READY}, ?, 0, ? FROM {channels.name} "
+        "WHERE topic_id = ? ORDER BY id RETURNING channel_id"
+    )
+    _channel_ids = f"SELECT id FROM {channels.name} WHERE topic_id = ? ORDER BY id"
+    _fan_out_range = (
+        f"INSERT INTO {d.name} (message_id, channel_id, state, visible_at, attempts, "
+        f"max_attempts) SELECT m.id, c.id, {STATE_READY}, ?, 0, ? "
+        f"FROM {m.name} m JOIN {channels.name} c ON c.topic_id = m.topic_id "
+        "WHERE m.id BETWEEN ? AND ? AND m.topic_id = ? ORDER BY m.id, c.id"
+    )
+
+    def publish_plain(
+        self,
+        conn: sa.Connection,
+        topic: str,
+        fields: dict[str, Any],
+        bodies: list[bytes],
+        visible: int,
+    ) -> tuple[list[int], dict[int, int]]:
+        if conn.engine not in BEGINS_IMMEDIATE:
+            # The caller's transaction: it may not hold the write lock yet.
+            return super().publish_plain(conn, topic, fields, bodies, visible)
+        # novaque's own transaction began with BEGIN IMMEDIATE: nobody else
+        # writes until it ends, so the AUTOINCREMENT ids of the rows inserted
+        # by one executemany are consecutive, ending at last_insert_rowid(),
+        # and the channels read now are the ones the INSERT ... SELECT sees.
+        # The driver binds the rows in C: no per-row work in Python.
+        topic_id = fields["topic_id"]
+        common = (fields["headers"], fields["published_at"], fields["expires_at"])
+        max_attempts = fields["max_attempts"]
+        if len(bodies) == 1:
+            # One message: two statements, each returning what is needed.
+            message_id = int(
+                conn.exec_driver_sql(
+                    self._insert_message_returning, (topic_id, bodies[0], *common, max_attempts)
+                ).scalar_one()
+            )
+            counts: dict[int, int] = {}
+            for (cid,) in conn.exec_driver_sql(
+                self._fan_out_one, (message_id, visible, max_attempts, topic_id)
+            ):
+                counts[cid] = 1
+            return [message_id], counts
+        conn.exec_driver_sql(
+            self._insert_messages, [(topic_id, b, *common, max_attempts) for b in bodies]
+        )
+        last = int(conn.exec_driver_sql("SELECT last_insert_rowid()").scalar_one())
+        first = last - len(bodies) + 1
+        channel_ids = [r[0] for r in conn.exec_driver_sql(self._channel_ids, (topic_id,))]
+        if channel_ids:
+            conn.exec_driver_sql(
+                self._fan_out_range, (visible, max_attempts, first, last, topic_id)
+            )
+        return list(range(first, last + 1)), {cid: len(bodies) for cid in channel_ids}
+
+    def explain(
+        self,
+        conn: sa.Connection,
+        stmt: sa.ClauseElement,
+        params: dict[str, Any],
+        *,
+        analyze: bool = False,
+    ) -> str:
+        # EXPLAIN QUERY PLAN rows are (id, parent, notused, detail); keep the detail.
+        sql, values = _driver_sql(conn, stmt, params)
+        rows = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, values).all()
+        return "\n".join(str(row[-1]) for row in rows)
