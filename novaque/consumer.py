@@ -26,13 +26,15 @@ is delivered again once the lease expires, instead of being held forever.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from datetime import datetime
+from typing import Protocol
 
 import sqlalchemy as sa
 
@@ -43,13 +45,49 @@ from novaque.errors import LeaseLost, Reject, SchemaOutOfDate
 from novaque.models import Message
 from novaque.options import Backoff
 
-if TYPE_CHECKING:
-    from novaque._runtime import RuntimeClient
-
-__all__ = ["Consumer", "Handler"]
+__all__ = ["Consumer", "ConsumerHost", "Handler"]
 
 #: A message handler: return to ack, raise to retry, raise Reject to dead-letter.
 Handler = Callable[[Message], object]
+
+
+class ConsumerHost(Protocol):
+    """What a consumer needs of its client: the one narrow door it goes through.
+
+    Claiming (with the acks that ride along), settling, renewing, releasing
+    unstarted deliveries, the clock, and being told of its start and stop.
+    """
+
+    log: logging.Logger
+
+    def _now(self) -> int: ...
+
+    def _channel_id(self, topic: str, channel: str) -> int: ...
+
+    def _ack_and_claim(
+        self,
+        acks: list[Message],
+        topic: str,
+        channel: str,
+        channel_id: int,
+        limit: int,
+        lease_s: float,
+    ) -> tuple[list[Message], list[Message]]: ...
+
+    def ack_many(self, msgs: list[Message]) -> list[Message]: ...
+
+    def _retry(self, msg: Message, delay_s: float, error: str | None) -> None: ...
+
+    def reject(self, msg: Message, reason: str = "") -> None: ...
+
+    def renew(self, msg: Message, *, lease: float | None = None) -> datetime: ...
+
+    def _release(self, msgs: list[Message]) -> int: ...
+
+    def _consumer_started(self, consumer: Consumer) -> None: ...
+
+    def _consumer_stopped(self, consumer: Consumer) -> None: ...
+
 
 #: First and largest wait (seconds) after a database error in a background loop.
 ERROR_DELAY_FIRST_S = 0.1
@@ -126,7 +164,7 @@ class Consumer:
 
     def __init__(
         self,
-        client: RuntimeClient,
+        client: ConsumerHost,
         topic: str,
         channel: str,
         handler: Handler,
