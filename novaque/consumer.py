@@ -19,7 +19,7 @@ Idle, the claim loop polls with a delay that starts small and doubles up to
 process, a PostgreSQL ``NOTIFY`` or a worker becoming free wakes it at once.
 Database errors are logged and retried with backoff; they never end a thread.
 A result the settler cannot write is given up (logged at ERROR) at the first
-error that trying again cannot cure, or after :data:`SETTLE_MAX_FAILURES`
+error that trying again cannot cure, or after :data:`novaque._ledger.SETTLE_MAX_FAILURES`
 transient ones in a row: its lease is then no longer renewed, so the delivery
 is delivered again once the lease expires, instead of being held forever.
 """
@@ -30,17 +30,14 @@ import logging
 import random
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-import sqlalchemy as sa
-
 from novaque import _validate
+from novaque._ledger import Ledger, Outcome, split_failed
 from novaque._signals import Signals
-from novaque._time import US, to_us
+from novaque._time import US
 from novaque.errors import LeaseLost, Reject, SchemaOutOfDate
 from novaque.models import Message
 from novaque.options import Backoff
@@ -97,9 +94,6 @@ CLAIM_LINGER_S = 0.002
 #: Bounds of the heartbeat's tick (seconds of real time): a quarter of the lease.
 HEARTBEAT_TICK_MIN_S = 0.05
 HEARTBEAT_TICK_MAX_S = 5.0
-#: Transient failures in a row after which the settler gives a result up
-#: (about two and a half minutes of retries at ERROR_DELAY_CAP_S).
-SETTLE_MAX_FAILURES = 30
 
 
 class RetryDelay:
@@ -130,15 +124,6 @@ class RetryDelay:
 def jittered(delay: float) -> float:
     """``delay`` +-50 %."""
     return delay * random.uniform(0.5, 1.5)
-
-
-@dataclass(slots=True)
-class _Outcome:
-    kind: str  # "ack" | "retry" | "reject"
-    msg: Message
-    text: str | None = None  # last error (retry) or reason (reject)
-    delay: float = 0.0  # retry delay in seconds
-    failures: int = 0  # failed writes in a row
 
 
 _NEW, _RUNNING, _STOPPING, _STOPPED = "new", "running", "stopping", "stopped"
@@ -186,14 +171,8 @@ class Consumer:
         self._lock = threading.Lock()
         self._work_ready = threading.Condition(self._lock)
         self._results_ready = threading.Condition(self._lock)
-        self._work: deque[Message] = deque()
-        self._running: dict[tuple[int, str], Message] = {}
-        self._results: deque[_Outcome] = deque()
-        #: Every lease this consumer holds and has not settled or released, by
-        #: (delivery id, lease token): a delivery whose lease was lost may be
-        #: claimed again by this very consumer while its first handler runs.
-        self._held: dict[tuple[int, str], Message] = {}
-        self._lost: set[tuple[int, str]] = set()
+        #: What it holds and owes (changed under ``_lock``).
+        self._ledger = Ledger()
         self._wake = threading.Event()
         self._stop_claiming = threading.Event()
         self._stop_heartbeat = threading.Event()
@@ -226,7 +205,7 @@ class Consumer:
     def in_flight(self) -> int:
         """Deliveries this consumer holds a lease on and has not settled yet."""
         with self._lock:
-            return len(self._held)
+            return len(self._ledger.held)
 
     def start(self) -> Consumer:
         """Start claiming and handling messages; returns the consumer.
@@ -298,8 +277,7 @@ class Consumer:
     def _finish_shutdown(self, deadline: float) -> None:
         self._join("claim", deadline)
         with self._lock:
-            unstarted = list(self._work)
-            self._work.clear()
+            unstarted = self._ledger.take_unstarted()
             self._workers_stop = True
             self._work_ready.notify_all()
         self._release(unstarted)
@@ -314,9 +292,7 @@ class Consumer:
         self._join("heartbeat", deadline + 1.0)
         with self._lock:
             self._state = _STOPPED
-            left_running = len(self._running)
-            unsettled = len(self._results)
-            self._held.clear()
+            left_running, unsettled = self._ledger.clear()
         if left_running:
             self._log.warning(
                 "consumer of %s/%s: %d handler(s) still running at the shutdown deadline; "
@@ -357,8 +333,8 @@ class Consumer:
                 return
             self._linger()
             with self._lock:
-                free = self.max_in_flight - len(self._work) - len(self._running)
-                acks = self._take_acks()
+                free = self.max_in_flight - self._ledger.busy
+                acks = self._ledger.take_acks()
             if free <= 0:
                 if acks:
                     self._settle_acks(acks)
@@ -388,10 +364,9 @@ class Consumer:
             idle = first_idle
             self._signals.bump("claimed", len(got))
             with self._lock:
-                for msg in got:
-                    self._held[_key(msg)] = msg
-                if not self._stop_claiming.is_set():
-                    self._work.extend(got)
+                working = not self._stop_claiming.is_set()
+                self._ledger.claimed(got, to_work=working)
+                if working:
                     self._work_ready.notify(len(got))
                     continue
             self._release(got)  # shutdown began during the claim
@@ -418,19 +393,18 @@ class Consumer:
             )
         with self._lock:
             for msg in msgs:
-                self._held.pop(_key(msg), None)
+                self._ledger.let_go(msg)
 
     # -- handling ---------------------------------------------------------------------
 
     def _worker(self) -> None:
         while True:
             with self._lock:
-                while not self._work and not self._workers_stop:
+                while not self._ledger.work and not self._workers_stop:
                     self._work_ready.wait()
-                if not self._work:
+                msg = self._ledger.start_next()
+                if msg is None:
                     return
-                msg = self._work.popleft()
-                self._running[_key(msg)] = msg
             self._signals.bump("started")
             started = time.monotonic()
             outcome = self._handle(msg)
@@ -438,12 +412,10 @@ class Consumer:
             # for handlers quicker than its linger (benign race between workers).
             self._handler_s += (time.monotonic() - started - self._handler_s) / 16
             with self._lock:
-                del self._running[_key(msg)]
                 late = self._state == _STOPPED
-                if not late:
-                    self._results.append(outcome)
-                    if outcome.kind != "ack" or self._stop_claiming.is_set():
-                        self._results_ready.notify()  # acks go with the next claim
+                self._ledger.finished(outcome, keep=not late)
+                if not late and (outcome.kind != "ack" or self._stop_claiming.is_set()):
+                    self._results_ready.notify()  # acks go with the next claim
             self._wake.set()  # a worker is free: claim more
             self._signals.bump("handled")
             if late:
@@ -455,7 +427,7 @@ class Consumer:
                     self.channel,
                 )
 
-    def _handle(self, msg: Message) -> _Outcome:
+    def _handle(self, msg: Message) -> Outcome:
         try:
             self.handler(msg)
         except Reject as exc:
@@ -463,7 +435,7 @@ class Consumer:
                 "message %d rejected by the handler of %s/%s", msg.id, self.topic, self.channel
             )
             reason = exc.reason
-            return _Outcome("reject", msg, reason if isinstance(reason, str) else str(reason))
+            return Outcome("reject", msg, reason if isinstance(reason, str) else str(reason))
         except BaseException as exc:
             text = _validate.error_text(exc)
             self._log.warning(
@@ -476,8 +448,8 @@ class Consumer:
                 text,
                 exc_info=exc,
             )
-            return _Outcome("retry", msg, text, self.backoff.delay(msg.attempts))
-        return _Outcome("ack", msg)
+            return Outcome("retry", msg, text, self.backoff.delay(msg.attempts))
+        return Outcome("ack", msg)
 
     # -- settling ---------------------------------------------------------------------
 
@@ -495,7 +467,7 @@ class Consumer:
         until = time.monotonic() + CLAIM_LINGER_S
         while True:
             with self._lock:
-                busy = len(self._running) + len(self._work)
+                busy = self._ledger.busy
                 if not busy or busy >= self.max_in_flight:
                     return
             left = until - time.monotonic()
@@ -509,25 +481,14 @@ class Consumer:
     # commit, and one round trip on PostgreSQL, instead of two). The settler
     # writes retries and rejections, and the acks once claiming has stopped.
 
-    def _take_acks(self) -> list[_Outcome]:
-        """Remove and return the pending acks (call with the lock held)."""
-        if not self._results:
-            return []
-        acks = [o for o in self._results if o.kind == "ack"]
-        if acks:
-            rest = [o for o in self._results if o.kind != "ack"]
-            self._results.clear()
-            self._results.extend(rest)
-        return acks
-
-    def _give_back(self, acks: list[_Outcome]) -> None:
+    def _give_back(self, acks: list[Outcome]) -> None:
         """Acks the claim loop could not write go back to the queue, to be retried."""
         if acks:
             with self._lock:
-                self._results.extendleft(reversed(acks))
+                self._ledger.put_back(acks)
                 self._results_ready.notify()
 
-    def _settle_acks(self, acks: list[_Outcome]) -> None:
+    def _settle_acks(self, acks: list[Outcome]) -> None:
         """Write acks without claiming (no worker is free)."""
         try:
             lost = self._client.ack_many([o.msg for o in acks])
@@ -537,7 +498,7 @@ class Consumer:
             return
         self._acked(acks, lost)
 
-    def _acked(self, acks: list[_Outcome], lost: list[Message]) -> None:
+    def _acked(self, acks: list[Outcome], lost: list[Message]) -> None:
         """Book the outcome of written acks (``lost``: those whose lease was lost)."""
         if not acks:
             return
@@ -549,28 +510,14 @@ class Consumer:
                 self._settled(outcome.msg)
         self._signals.bump("acked", len(acks) - len(lost))
 
-    def _settler_batch(self) -> list[_Outcome]:
-        """What the settler writes now (call with the lock held): everything once
-        claiming has stopped, else all but the acks."""
-        if self._stop_claiming.is_set():
-            batch = list(self._results)
-            self._results.clear()
-            return batch
-        batch = [o for o in self._results if o.kind != "ack"]
-        if batch:
-            acks = [o for o in self._results if o.kind == "ack"]
-            self._results.clear()
-            self._results.extend(acks)
-        return batch
-
     def _settle_loop(self) -> None:
         errors = RetryDelay()
         while True:
             with self._lock:
-                batch = self._settler_batch()
+                batch = self._ledger.settler_batch(claiming=not self._stop_claiming.is_set())
                 while not batch and not self._settler_stop:
                     self._results_ready.wait()
-                    batch = self._settler_batch()
+                    batch = self._ledger.settler_batch(claiming=not self._stop_claiming.is_set())
                 if not batch:
                     return
             failed = self._settle(batch)
@@ -578,7 +525,7 @@ class Consumer:
                 errors.reset()
                 continue
             with self._lock:
-                self._results.extendleft(reversed(failed))
+                self._ledger.put_back(failed)
                 stopping, deadline = self._settler_stop, self._settle_deadline
             wait = errors.next()
             if stopping:
@@ -589,9 +536,9 @@ class Consumer:
                 wait = min(wait, left)
             self._stop_settling.wait(wait)
 
-    def _settle(self, batch: list[_Outcome]) -> list[_Outcome]:
+    def _settle(self, batch: list[Outcome]) -> list[Outcome]:
         """Write outcomes; return those that failed on a database error (to retry)."""
-        failed: list[_Outcome] = []
+        failed: list[Outcome] = []
         acks = [o for o in batch if o.kind == "ack"]
         if acks:
             try:
@@ -618,25 +565,18 @@ class Consumer:
                 self._signals.bump("dead" if dead else "retried")
         return failed
 
-    def _settle_failed(self, outcomes: list[_Outcome], exc: Exception) -> list[_Outcome]:
+    def _settle_failed(self, outcomes: list[Outcome], exc: Exception) -> list[Outcome]:
         """Book a failed write of ``outcomes`` (of one kind); return those to try again.
 
-        A transient error (see :func:`_transient`) is tried again, up to
-        :data:`SETTLE_MAX_FAILURES` times in a row; any other one would fail
+        A transient error (see :func:`novaque._ledger.transient`) is tried again, up to
+        :data:`novaque._ledger.SETTLE_MAX_FAILURES` times in a row; any other one would fail
         the same way forever. A result given up is dropped from the held
         leases, so the heartbeat stops renewing it and the delivery comes back
         once its lease expires (its attempt stays counted).
         """
         self._signals.bump("settle_errors")
         kind = outcomes[0].kind
-        retry: list[_Outcome] = []
-        given_up: list[_Outcome] = []
-        for outcome in outcomes:
-            outcome.failures += 1
-            if _transient(exc) and outcome.failures < SETTLE_MAX_FAILURES:
-                retry.append(outcome)
-            else:
-                given_up.append(outcome)
+        retry, given_up = split_failed(outcomes, exc)
         if retry:
             self._log.error(
                 "could not %s %d message(s) of %s/%s (retrying): %s",
@@ -663,19 +603,17 @@ class Consumer:
             self._give_up(outcome)
         return retry
 
-    def _give_up(self, outcome: _Outcome) -> None:
+    def _give_up(self, outcome: Outcome) -> None:
         with self._lock:
-            self._held.pop(_key(outcome.msg), None)
-            self._lost.discard(_key(outcome.msg))
+            self._ledger.let_go(outcome.msg)
         self._signals.bump("settle_given_up")
 
     def _settled(self, msg: Message) -> None:
         with self._lock:
-            self._held.pop(_key(msg), None)
-            self._lost.discard(_key(msg))
+            self._ledger.let_go(msg)
         self._signals.bump("settled")
 
-    def _lease_lost_on_settle(self, outcome: _Outcome) -> None:
+    def _lease_lost_on_settle(self, outcome: Outcome) -> None:
         msg = outcome.msg
         self._log.error(
             "LeaseLost: could not %s message %d (delivery %d of %s/%s): its lease was "
@@ -703,11 +641,7 @@ class Consumer:
                 errors.next()
                 continue
             with self._lock:
-                due = [
-                    m
-                    for key, m in self._held.items()
-                    if key not in self._lost and to_us(m.lease_expires_at) - now <= half_us
-                ]
+                due = self._ledger.renewal_due(now, half_us)
             for msg in due:
                 if self._stop_heartbeat.is_set():
                     return
@@ -719,9 +653,7 @@ class Consumer:
             self._client.renew(msg, lease=self.lease)
         except LeaseLost:
             with self._lock:
-                still_held = _key(msg) in self._held
-                if still_held:
-                    self._lost.add(_key(msg))
+                still_held = self._ledger.mark_lost(msg)
             if still_held:
                 self._signals.bump("renew_lost")
                 self._log.warning(
@@ -751,21 +683,6 @@ class Consumer:
             _short(exc),
             exc_info=errors.traceback(exc),
         )
-
-
-def _key(msg: Message) -> tuple[int, str]:
-    return (msg.delivery_id, msg.lease_token)
-
-
-def _transient(exc: BaseException) -> bool:
-    """True for errors that writing the same thing again may cure: a lost
-    connection, a deadlock, a lock or pool timeout, a busy database. Not data
-    the database refuses, nor bugs."""
-    if isinstance(exc, sa.exc.DBAPIError):
-        return exc.connection_invalidated or isinstance(
-            exc, (sa.exc.OperationalError, sa.exc.InterfaceError)
-        )
-    return isinstance(exc, (sa.exc.DisconnectionError, sa.exc.TimeoutError, OSError))
 
 
 def _short(exc: BaseException) -> str:

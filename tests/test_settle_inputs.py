@@ -19,7 +19,7 @@ import pytest
 import sqlalchemy as sa
 
 import novaque
-from novaque import consumer as consumer_module
+from novaque import _ledger
 from novaque.schema import STATE_LEASED, deliveries
 from tests.conftest import Backend, FakeClock
 
@@ -256,7 +256,7 @@ def only_delivery(backend: Backend) -> int:
 def test_a_settle_failing_transiently_is_retried_up_to_a_bound(
     client: novaque.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(consumer_module, "SETTLE_MAX_FAILURES", 3)
+    monkeypatch.setattr(_ledger, "SETTLE_MAX_FAILURES", 3)
     flaky = FlakyRetry(client, sa.exc.OperationalError("UPDATE ...", {}, Exception("gone away")))
     monkeypatch.setattr(client, "_retry", flaky)
 
