@@ -90,7 +90,7 @@ class CoreClient:
         self._executor = SyncExecutor(dialects.own_engine(engine), self._dialect)
         self._clock = Clock(self.options.clock)
         self._stats = StatsBuffer(on_first=self._counters_added)
-        self._schema_lock = threading.Lock()
+        self._schema_lock = self._executor.mutex()
         self._schema_ok = threading.Event()
         self._clock_sampled_at = 0.0
         #: Topic ids learned in novaque's own committed transactions.

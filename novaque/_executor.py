@@ -15,21 +15,31 @@ rather than on their SQL:
   :func:`novaque.connect`, set up once per connection instead.
 
 The dialect (:mod:`novaque.dialects`) holds only SQL and facts about its
-database. An asyncio executor takes the same shape: the same constructor,
-``run(fn, *, one_statement=False)`` awaited.
+database.
+
+:class:`AsyncExecutor` is the same executor for an ``AsyncEngine``'s
+``sync_engine``, called from inside SQLAlchemy's greenlet bridge
+(``greenlet_spawn``, as ``AsyncConnection.run_sync`` does): the operations and
+the transactions are the very same code; only what waits differs. SQLite's
+turn is an ``asyncio.Lock`` and the pause between retries an
+``asyncio.sleep``, both awaited through the bridge, so a task that waits lets
+the event loop run the others instead of blocking its thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.util import await_only
 
 from novaque.dialects import Dialect, NotifyListener
 from novaque.dialects.engines import session_ready
@@ -80,8 +90,16 @@ class SyncExecutor:
                 except DBAPIError as exc:
                     if attempt == attempts or not self.dialect.is_retryable(exc):
                         raise
-                    time.sleep(random.uniform(0, 0.002 * 2**attempt))
+                    self.pause(random.uniform(0, 0.002 * 2**attempt))
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def pause(self, seconds: float) -> None:
+        """Wait ``seconds`` before trying again."""
+        time.sleep(seconds)
+
+    def mutex(self) -> contextlib.AbstractContextManager[object]:
+        """A lock that may be held across statements (the client's schema check)."""
+        return threading.Lock()
 
     @contextlib.contextmanager
     def _transaction(self, one_statement: bool) -> Iterator[sa.Connection]:
@@ -113,3 +131,59 @@ class SyncExecutor:
     def open_listener(self) -> NotifyListener | None:
         """A connection that receives the dialect's wake-ups, or None (consumers poll)."""
         return self.dialect.open_listener(self.engine)
+
+
+class AsyncExecutor(SyncExecutor):
+    """:class:`SyncExecutor` for an ``AsyncEngine``'s ``sync_engine``, run inside
+    SQLAlchemy's greenlet bridge: its waits are awaited on the event loop."""
+
+    def __init__(self, engine: sa.Engine, dialect: Dialect) -> None:
+        super().__init__(engine, dialect)
+        if dialect.one_writer:
+            self._turn = _LoopTurn(engine.url.database or "")
+
+    def pause(self, seconds: float) -> None:
+        await_only(asyncio.sleep(seconds))
+
+    def mutex(self) -> contextlib.AbstractContextManager[object]:
+        return _AwaitedLock()
+
+
+class _AwaitedLock:
+    """An ``asyncio.Lock`` used as a plain ``with`` block from inside the bridge."""
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+
+    def __enter__(self) -> None:
+        await_only(self._lock.acquire())
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+#: SQLite's turn for tasks: one asyncio.Lock per file and event loop.
+_loop_turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class _LoopTurn:
+    """The tasks of one event loop take turns on a SQLite file, like threads do.
+
+    A thread's lock would not do: tasks share their thread, so a reentrant lock
+    lets them all in, and a plain one blocks the loop for good.
+    """
+
+    def __init__(self, database: str) -> None:
+        self._database = database
+
+    def _lock(self) -> asyncio.Lock:
+        turns = _loop_turns.setdefault(asyncio.get_running_loop(), {})
+        return turns.setdefault(self._database, asyncio.Lock())
+
+    def __enter__(self) -> None:
+        await_only(self._lock().acquire())
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock().release()
