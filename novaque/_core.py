@@ -169,7 +169,7 @@ class CoreClient:
     ) -> T:
         """Run the operation ``fn`` with ``args`` in one of novaque's transactions
         (``op``: as for :meth:`_run`)."""
-        return self._run_named(op, lambda conn: fn(conn, self._dialect, *args, **kwargs))
+        return self._run(lambda conn: fn(conn, self._dialect, *args, **kwargs), op=op)
 
     def _run_timed(
         self,
@@ -181,13 +181,7 @@ class CoreClient:
     ) -> T:
         """Like :meth:`_run_op`, passing ``fn`` the time of each attempt (a retried
         transaction runs at the time it is retried)."""
-        return self._run_named(
-            op, lambda conn: fn(conn, self._dialect, self._now(), *args, **kwargs)
-        )
-
-    def _run_named(self, op: str, work: Callable[[sa.Connection], T]) -> T:
-        # Only a hot-path operation names itself, as the calls of :meth:`_run` always did.
-        return self._run(work, op=op) if op else self._run(work)
+        return self._run(lambda conn: fn(conn, self._dialect, self._now(), *args, **kwargs), op=op)
 
     def _in_batches(
         self,
@@ -323,21 +317,21 @@ class CoreClient:
             # The caller's transaction: the topic id is read in it (never
             # taken from the cache, which may hold an id of another database
             # or one deleted since), so it commits or rolls back with it.
-            if self._is_ours(connection):
+            ours = self._is_ours(connection)
+            if ours:
                 self._ready()
-                done = publish_op.publish(
-                    connection, self._dialect, self._now(), topic_id=None, **params
-                )
+            else:
+                self._ready_elsewhere(connection)
+            done = publish_op.publish(
+                connection, self._dialect, self._now(), topic_id=None, **params
+            )
+            if ours:
                 # Not cached: the id is the caller's transaction's until it commits.
                 effects = dataclasses.replace(done.effects(topic), topic_ids=())
                 _after_commit(connection, lambda: self._apply(effects))
             else:
                 # Another database: its counters are written there, in the
                 # caller's transaction (this client's buffer is for its own).
-                self._ready_elsewhere(connection)
-                done = publish_op.publish(
-                    connection, self._dialect, self._now(), topic_id=None, **params
-                )
                 publish_op.count_here(connection, self._dialect, done)
             return done.ids
         return self._run_publish(topic, params)
@@ -697,16 +691,10 @@ class CoreClient:
         Returns how many deliveries it changed. Tokens of reaped leases stop
         working (:class:`LeaseLost`).
         """
-        batch = self.options.maintenance_batch
-        total = 0
-        while True:
-            seen, changed, effects = self._run_timed("", maintain.reap_batch, batch)
-            self._apply(effects)
-            if changed:
-                self.log.debug("reaped %d expired leases", changed)
-            total += seen
-            if seen < batch:
-                return total
+        changed = self._in_batches(maintain.reap_batch, self.options.maintenance_batch)
+        if changed:
+            self.log.debug("reaped %d expired leases", changed)
+        return changed
 
     def purge_expired(self) -> int:
         """Delete messages past their TTL with all their deliveries (dead included).

@@ -340,7 +340,7 @@ class RuntimeClient(CoreClient):
                 self.log.error(
                     "could not flush stats (kept in memory, retrying): %s",
                     _validate.error_text(exc),
-                    exc_info=exc if errors.failures == 0 else None,
+                    exc_info=errors.traceback(exc),
                 )
                 wait = min(interval, errors.next())
                 continue

@@ -199,10 +199,10 @@ def test_shutdown_keeps_stats_it_could_not_flush(
     broken = threading.Event()
     broken.set()
 
-    def run(fn: Any) -> Any:
+    def run(fn: Any, **kwargs: Any) -> Any:
         if broken.is_set():
             raise RuntimeError("database went away")
-        return real_run(fn)
+        return real_run(fn, **kwargs)
 
     monkeypatch.setattr(client, "_run", run)
     with caplog.at_level(logging.ERROR, logger="novaque"):
