@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, scoped_session
 
 from novaque import _migrate, _validate, dialects
 from novaque._executor import SyncExecutor
@@ -47,7 +47,7 @@ def _flush_at_exit() -> None:
         if not client._stats:
             continue
         try:
-            client.flush_stats()
+            client._executor.detached(client.flush_stats)
         except Exception as exc:
             client.log.warning(
                 "novaque could not flush its counters at exit (they are lost): %s",
@@ -78,16 +78,23 @@ class CoreClient:
     IMMEDIATE``) without changing how the application's own engine behaves.
     """
 
+    #: How statements are executed: on threads here; awaited through
+    #: SQLAlchemy's greenlet bridge for the asyncio twin.
+    _executor_type: type[SyncExecutor] = SyncExecutor
+
     def __init__(self, engine: sa.Engine, options: Options | None = None) -> None:
         if not isinstance(engine, sa.Engine):
-            raise TypeError(f"Client needs a SQLAlchemy Engine, got {type(engine).__name__}")
+            raise TypeError(
+                f"Client needs a SQLAlchemy Engine, got {type(engine).__name__}"
+                + _validate.async_hint(engine)
+            )
         self.options = options if options is not None else Options()
         if not isinstance(self.options, Options):
             raise TypeError(f"options must be novaque.Options, got {type(options).__name__}")
         self.engine = engine
         self.log = self.options.logger
         self._dialect = dialects.for_engine(engine)
-        self._executor = SyncExecutor(dialects.own_engine(engine), self._dialect)
+        self._executor = self._executor_type(dialects.own_engine(engine), self._dialect)
         self._clock = Clock(self.options.clock)
         self._stats = StatsBuffer(on_first=self._counters_added)
         self._schema_lock = self._executor.mutex()
@@ -300,6 +307,16 @@ class CoreClient:
         header_text = _validate.headers(headers)
         if connection is not None and session is not None:
             raise InvalidOption("pass either connection or session to publish, not both")
+        if connection is not None and not isinstance(connection, sa.Connection):
+            raise TypeError(
+                "connection must be a SQLAlchemy Connection, got "
+                f"{type(connection).__name__}{_validate.async_hint(connection)}"
+            )
+        if session is not None and not isinstance(session, (Session, scoped_session)):
+            raise TypeError(
+                "session must be a SQLAlchemy Session, got "
+                f"{type(session).__name__}{_validate.async_hint(session)}"
+            )
         if not data:
             return []
         params: dict[str, Any] = {

@@ -39,8 +39,9 @@ from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.util import await_only
+from sqlalchemy.util import await_only, greenlet_spawn
 
+from novaque._waits import running_loop
 from novaque.dialects import Dialect, NotifyListener
 from novaque.dialects.engines import session_ready
 
@@ -132,6 +133,10 @@ class SyncExecutor:
         """A connection that receives the dialect's wake-ups, or None (consumers poll)."""
         return self.dialect.open_listener(self.engine)
 
+    def detached(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` from outside the client's runtime (at interpreter exit)."""
+        return fn()
+
 
 class AsyncExecutor(SyncExecutor):
     """:class:`SyncExecutor` for an ``AsyncEngine``'s ``sync_engine``, run inside
@@ -147,6 +152,25 @@ class AsyncExecutor(SyncExecutor):
 
     def mutex(self) -> contextlib.AbstractContextManager[object]:
         return _AwaitedLock()
+
+    def open_listener(self) -> NotifyListener | None:
+        return self.dialect.open_listener(self.engine, awaited=True)
+
+    def detached(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on an event loop of its own, once the application's loop is
+        gone (at exit): the pooled connections of that loop are forgotten, not
+        closed (they belong to it), and the ones opened here are closed after."""
+        if running_loop() is not None:
+            raise RuntimeError("an event loop is running in this thread")
+        self.engine.dispose(close=False)
+
+        async def run() -> T:
+            try:
+                return await greenlet_spawn(fn)
+            finally:
+                await greenlet_spawn(self.engine.dispose)
+
+        return asyncio.run(run())
 
 
 class _AwaitedLock:

@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import inspect
 import random
 import threading
 import time
@@ -30,6 +29,7 @@ import sqlalchemy as sa
 from novaque import _validate
 from novaque._core import CoreClient
 from novaque._signals import Signals
+from novaque._waits import THREADS, Event, Runner, Waits
 from novaque.consumer import Consumer, Handler, RetryDelay
 from novaque.dialects import NotifyListener
 from novaque.errors import InvalidOption, SchemaOutOfDate
@@ -65,30 +65,34 @@ class _Job:
 
 @dataclass
 class _Listening:
-    """One run of the listener thread, with its own stop flag."""
+    """One run of the listener loop, with its own stop flag."""
 
-    stop: threading.Event = field(default_factory=threading.Event)
+    stop: Event
     lock: threading.Lock = field(default_factory=threading.Lock)
-    thread: threading.Thread | None = None
+    loop: Runner | None = None
     conn: NotifyListener | None = None
 
 
 class RuntimeClient(CoreClient):
     """Consumers, background maintenance and wake-ups on top of the core client."""
 
+    #: How the background loops run and wait: threads here, tasks for the
+    #: asyncio twin.
+    _waits: Waits = THREADS
+
     def __init__(self, engine: sa.Engine, options: Options | None = None) -> None:
         super().__init__(engine, options)
         self._runtime_lock = threading.Lock()
         self._consumers: list[Consumer] = []
         self._running_consumers: set[Consumer] = set()
-        self._maintenance_thread: threading.Thread | None = None
-        self._maintenance_stop = threading.Event()
+        self._maintenance: Runner | None = None
+        self._maintenance_stop = self._waits.event()
         self._listening: _Listening | None = None
         # Counters of a client that runs no maintenance (a process that only
         # publishes) are flushed by a thread of their own while there are any.
         self._flusher_lock = threading.Lock()
-        self._flusher: threading.Thread | None = None
-        self._flusher_stop = threading.Event()
+        self._flusher: Runner | None = None
+        self._flusher_stop = self._waits.event()
         #: Set by :func:`novaque.connect`: the engine is novaque's to dispose.
         self._owns_engine = False
         #: Maintenance passes and errors, by job name (``reap``, ``purge``,
@@ -118,15 +122,39 @@ class RuntimeClient(CoreClient):
         The consumer is not started: call :meth:`Consumer.start`, or use
         :meth:`subscribe_and_start`.
         """
+        consumer = self._new_consumer(
+            topic,
+            channel,
+            handler,
+            max_in_flight=max_in_flight,
+            lease=lease,
+            backoff=backoff,
+            poll_interval=poll_interval,
+        )
+        self.ensure_channel(topic, channel)
+        with self._runtime_lock:
+            self._consumers.append(consumer)
+        return consumer
+
+    def _new_consumer(
+        self,
+        topic: str,
+        channel: str,
+        handler: Handler,
+        *,
+        max_in_flight: int | None,
+        lease: Duration | None,
+        backoff: Backoff | None,
+        poll_interval: Duration | None,
+        register: bool = False,
+    ) -> Consumer:
+        """A consumer with its settings checked (no I/O); ``register``: shut
+        down with the client from now on."""
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
         if not callable(handler):
             raise TypeError(f"handler must be callable, got {type(handler).__name__}")
-        if inspect.iscoroutinefunction(handler):
-            raise TypeError(
-                "handler is an async function: the sync client runs handlers on threads; "
-                "give it a plain function"
-            )
+        self._waits.check_handler(handler)
         workers = check_int(
             self.options.max_in_flight if max_in_flight is None else max_in_flight,
             "max_in_flight",
@@ -142,7 +170,6 @@ class RuntimeClient(CoreClient):
             "poll_interval",
             allow_zero=False,
         )
-        self.ensure_channel(topic, channel)
         consumer = Consumer(
             self,
             topic,
@@ -153,9 +180,17 @@ class RuntimeClient(CoreClient):
             backoff=policy,
             poll_interval=poll_s,
         )
-        with self._runtime_lock:
-            self._consumers.append(consumer)
+        if register:
+            with self._runtime_lock:
+                self._consumers.append(consumer)
         return consumer
+
+    def _start_consumer(self, consumer: Consumer) -> None:
+        """Create the consumer's channel if missing, then start it (the asyncio
+        twin's ``subscribe`` does no I/O, so its consumers do this at start)."""
+        if not consumer.running:
+            self.ensure_channel(consumer.topic, consumer.channel)
+        consumer.start()
 
     def subscribe_and_start(
         self,
@@ -184,11 +219,8 @@ class RuntimeClient(CoreClient):
         with self._runtime_lock:
             self._running_consumers.add(consumer)
             if self._dialect.supports_notify and self._listening is None:
-                run = self._listening = _Listening()
-                run.thread = threading.Thread(
-                    target=self._listen_loop, args=(run,), name="novaque-listener", daemon=True
-                )
-                run.thread.start()
+                run = self._listening = _Listening(self._waits.event())
+                run.loop = self._waits.spawn(lambda: self._listen_loop(run), "novaque-listener")
 
     def _consumer_stopped(self, consumer: Consumer) -> None:
         self._remove_waker(consumer.topic, consumer._wake_up)
@@ -271,8 +303,8 @@ class RuntimeClient(CoreClient):
         with run.lock:
             if run.conn is not None:
                 run.conn.interrupt()
-        if run.thread is not None:
-            run.thread.join(timeout)
+        if run.loop is not None:
+            run.loop.join(timeout)
 
     # -- maintenance ----------------------------------------------------------------
 
@@ -297,13 +329,10 @@ class RuntimeClient(CoreClient):
         except Exception:  # e.g. the database not reachable yet: the loops retry
             pass
         with self._runtime_lock:
-            if self._maintenance_thread is not None and self._maintenance_thread.is_alive():
+            if self._maintenance is not None and self._maintenance.is_alive():
                 return
             self._maintenance_stop.clear()
-            self._maintenance_thread = threading.Thread(
-                target=self._maintenance_loop, name="novaque-maintenance", daemon=True
-            )
-            self._maintenance_thread.start()
+            self._maintenance = self._waits.spawn(self._maintenance_loop, "novaque-maintenance")
         self.log.info("novaque maintenance started")
 
     def _maintenance_jobs(self) -> list[_Job]:
@@ -318,14 +347,11 @@ class RuntimeClient(CoreClient):
     def _counters_added(self) -> None:
         super()._counters_added()
         with self._flusher_lock:
-            if self._maintenance_thread is not None or (
+            if self._maintenance is not None or (
                 self._flusher is not None and self._flusher.is_alive()
             ):
                 return
-            self._flusher = threading.Thread(
-                target=self._flush_loop, name="novaque-stats-flush", daemon=True
-            )
-            self._flusher.start()
+            self._flusher = self._waits.spawn(self._flush_loop, "novaque-stats-flush")
 
     def _flush_loop(self) -> None:
         """Flush every ``stats_flush_interval`` until nothing is left (or maintenance
@@ -347,7 +373,7 @@ class RuntimeClient(CoreClient):
             errors.reset()
             wait = interval
             with self._flusher_lock:
-                if not self._stats or self._maintenance_thread is not None:
+                if not self._stats or self._maintenance is not None:
                     self._flusher = None
                     return
 
@@ -413,8 +439,8 @@ class RuntimeClient(CoreClient):
         with self._runtime_lock:
             self._consumers = [c for c in self._consumers if c.running]
         with self._runtime_lock:
-            thread = self._maintenance_thread
-            self._maintenance_thread = None
+            thread = self._maintenance
+            self._maintenance = None
             self._maintenance_stop.set()
         if thread is not None:
             thread.join(max(1.0, deadline - time.monotonic()))

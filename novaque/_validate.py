@@ -272,3 +272,23 @@ def dead_max_age_us(value: Duration) -> int:
 def dead_max_count(value: object, name: str = "dead_max_count") -> int:
     """A bound on a channel's dead letters: 0 to the largest 32-bit INTEGER."""
     return check_int(value, name, 0, MAX_INT32)
+
+
+def async_hint(value: object) -> str:
+    """For a TypeError: a pointer to the asyncio twin when ``value`` is one of
+    SQLAlchemy's asyncio objects (an AsyncEngine, AsyncConnection, AsyncSession)."""
+    if type(value).__module__.startswith("sqlalchemy.ext.asyncio"):
+        return (
+            f"; {type(value).__name__} is asyncio's: use novaque.aio.AsyncClient "
+            "(import novaque.aio) with an AsyncEngine"
+        )
+    return ""
+
+
+def sync_hint(value: object) -> str:
+    """For a TypeError of the asyncio twin: what to pass instead of a sync object."""
+    names = {"Engine": "AsyncEngine", "Connection": "AsyncConnection", "Session": "AsyncSession"}
+    wanted = names.get(type(value).__name__)
+    if wanted is not None and type(value).__module__.startswith("sqlalchemy"):
+        return f"; novaque.aio.AsyncClient works with asyncio's {wanted} (novaque.Client with this)"
+    return ""

@@ -26,6 +26,7 @@ is delivered again once the lease expires, instead of being held forever.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import threading
@@ -38,6 +39,7 @@ from novaque import _validate
 from novaque._ledger import Ledger, Outcome, split_failed
 from novaque._signals import Signals
 from novaque._time import US
+from novaque._waits import Runner, Waits
 from novaque.errors import LeaseLost, Reject, SchemaOutOfDate
 from novaque.models import Message
 from novaque.options import Backoff
@@ -56,6 +58,8 @@ class ConsumerHost(Protocol):
     """
 
     log: logging.Logger
+    #: Threads or tasks: how the consumer runs its loops and waits.
+    _waits: Waits
 
     def _now(self) -> int: ...
 
@@ -168,20 +172,23 @@ class Consumer:
         self.poll_interval = poll_interval
         self._client = client
         self._log = client.log
+        waits = self._waits = client._waits
+        # Held only between two waits, never across one (a task must not hold
+        # it while the event loop runs the others).
         self._lock = threading.Lock()
-        self._work_ready = threading.Condition(self._lock)
-        self._results_ready = threading.Condition(self._lock)
+        self._work_ready = waits.condition(self._lock)
+        self._results_ready = waits.condition(self._lock)
         #: What it holds and owes (changed under ``_lock``).
         self._ledger = Ledger()
-        self._wake = threading.Event()
-        self._stop_claiming = threading.Event()
-        self._stop_heartbeat = threading.Event()
-        self._stop_settling = threading.Event()  # ends a settler's wait after an error
+        self._wake = waits.event()
+        self._stop_claiming = waits.event()
+        self._stop_heartbeat = waits.event()
+        self._stop_settling = waits.event()  # ends a settler's wait after an error
         self._workers_stop = False
         self._settler_stop = False
         self._settle_deadline = float("inf")
         self._state = _NEW
-        self._threads: dict[str, list[threading.Thread]] = {}
+        self._loops: dict[str, list[Runner]] = {}
         #: What happened so far (claim passes, handlers started, acks, ...):
         #: tests wait on these instead of sleeping.
         self._signals = Signals()
@@ -223,21 +230,15 @@ class Consumer:
                 )
             self._state = _RUNNING
         name = f"{self.topic}/{self.channel}"
-        self._threads = {
-            "claim": [threading.Thread(target=self._claim_loop, name=f"novaque-claim {name}")],
+        spawn = self._waits.spawn
+        self._loops = {
+            "claim": [spawn(self._claim_loop, f"novaque-claim {name}")],
             "workers": [
-                threading.Thread(target=self._worker, name=f"novaque-worker-{i} {name}")
-                for i in range(self.max_in_flight)
+                spawn(self._worker, f"novaque-worker-{i} {name}") for i in range(self.max_in_flight)
             ],
-            "settle": [threading.Thread(target=self._settle_loop, name=f"novaque-settle {name}")],
-            "heartbeat": [
-                threading.Thread(target=self._heartbeat_loop, name=f"novaque-heartbeat {name}")
-            ],
+            "settle": [spawn(self._settle_loop, f"novaque-settle {name}")],
+            "heartbeat": [spawn(self._heartbeat_loop, f"novaque-heartbeat {name}")],
         }
-        for group in self._threads.values():
-            for thread in group:
-                thread.daemon = True  # a stuck handler must not keep the process alive
-                thread.start()
         self._client._consumer_started(self)
         self._log.info(
             "consumer of %s/%s started (max_in_flight=%d, lease=%gs)",
@@ -313,9 +314,9 @@ class Consumer:
         self._log.info("consumer of %s/%s stopped", self.topic, self.channel)
 
     def _join(self, group: str, deadline: float) -> None:
-        for thread in self._threads.get(group, []):
-            if thread is not threading.current_thread():  # shutdown called by a handler
-                thread.join(max(0.0, deadline - time.monotonic()))
+        for loop in self._loops.get(group, []):
+            if not loop.is_current():  # shutdown called by a handler
+                loop.join(max(0.0, deadline - time.monotonic()))
 
     def _wake_up(self) -> None:
         """Claim now (called on publish, NOTIFY, or a free worker)."""
@@ -429,7 +430,9 @@ class Consumer:
 
     def _handle(self, msg: Message) -> Outcome:
         try:
-            self.handler(msg)
+            self._waits.call_handler(self.handler, msg)
+        except asyncio.CancelledError:
+            raise  # the task is being cancelled (its event loop closing): not a result
         except Reject as exc:
             self._log.info(
                 "message %d rejected by the handler of %s/%s", msg.id, self.topic, self.channel

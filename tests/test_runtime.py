@@ -74,7 +74,7 @@ def test_start_runs_every_maintenance_job_repeatedly(backend: Backend, clock: Fa
     assert (totals["published"], totals["dead"], totals["purged"]) == (2, 1, 1)
     assert passes(client).get("errors", 0) == 0
     client.shutdown()
-    assert client._maintenance_thread is None
+    assert client._maintenance is None
 
 
 def test_a_failing_job_is_logged_at_error_and_tried_again(
@@ -143,7 +143,7 @@ def test_with_client_starts_and_shuts_everything_down(backend: Backend) -> None:
     handler = Recorder()
     with client as entered:
         assert entered is client
-        thread = client._maintenance_thread
+        thread = client._maintenance
         assert thread is not None
         assert thread.is_alive()
         consumer = client.subscribe_and_start("t", "c", handler, poll_interval=0.02)
@@ -186,7 +186,7 @@ def test_an_applications_engine_is_left_open(backend: Backend) -> None:
 def test_shutdown_without_start_is_harmless(client: novaque.Client) -> None:
     client.shutdown()
     client.shutdown(timeout=0)
-    assert client._maintenance_thread is None
+    assert client._maintenance is None
 
 
 def test_shutdown_keeps_stats_it_could_not_flush(

@@ -256,11 +256,13 @@ class Dialect:
     def notify(self, conn: sa.Connection, topic: str) -> None:
         """Wake listening consumers of ``topic`` when the transaction commits."""
 
-    def open_listener(self, engine: sa.Engine) -> NotifyListener | None:
+    def open_listener(self, engine: sa.Engine, *, awaited: bool = False) -> NotifyListener | None:
         """Open a connection to ``engine``'s database that receives :meth:`notify` wake-ups.
 
         Returns None where the database has no such push (consumers then only
-        poll). Raises if the server cannot be reached.
+        poll). Raises if the server cannot be reached. ``awaited``: for the
+        asyncio twin, called inside SQLAlchemy's greenlet bridge, every wait
+        and statement awaited on the event loop.
         """
         return None
 

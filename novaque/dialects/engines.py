@@ -43,9 +43,21 @@ def sqlite_own_engine(engine: sa.Engine) -> sa.Engine:
             "is private to one connection and cannot be shared by novaque's "
             "connections, consumers and processes (use e.g. sqlite:///novaque.db)"
         )
-    own = sa.create_engine(url, pool_size=8, max_overflow=16, pool_timeout=60)
+    own = _new_engine(
+        url, asynchronous=engine.dialect.is_async, pool_size=8, max_overflow=16, pool_timeout=60
+    )
     configure_sqlite(own)
     return own
+
+
+def _new_engine(url: sa.URL, *, asynchronous: bool, **kwargs: Any) -> sa.Engine:
+    """A new engine for ``url``; for an asyncio driver, the ``sync_engine`` of an
+    ``AsyncEngine`` (the asyncio twin runs novaque's statements on it)."""
+    if asynchronous:
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        return create_async_engine(url, **kwargs).sync_engine
+    return sa.create_engine(url, **kwargs)
 
 
 def configure_sqlite(engine: sa.Engine) -> None:
@@ -178,12 +190,22 @@ _DRIVERS = {
     "mysql": ("mysql", "mysql+pymysql://"),
     "mariadb": ("mysql", "mariadb+pymysql://"),
 }
+#: The same for the asyncio twin: one extra installs every async driver.
+_ASYNC_DRIVERS = {
+    "postgresql": ("aio", "postgresql+psycopg://"),
+    "mysql": ("aio", "mysql+asyncmy://"),
+    "mariadb": ("aio", "mariadb+asyncmy://"),
+    "sqlite": ("aio", "sqlite+aiosqlite://"),
+}
 
 
-def missing_driver(url: sa.URL, exc: ModuleNotFoundError) -> ModuleNotFoundError:
+def missing_driver(
+    url: sa.URL, exc: ModuleNotFoundError, *, asynchronous: bool = False
+) -> ModuleNotFoundError:
     """The error for a URL whose driver is not installed: the extra and URL form to use."""
     backend = url.get_backend_name()
-    extra, form = _DRIVERS.get(backend, ("postgres", "postgresql+psycopg://"))
+    drivers = _ASYNC_DRIVERS if asynchronous else _DRIVERS
+    extra, form = drivers.get(backend, drivers["postgresql"])
     named = url.drivername
     if named == form.removesuffix("://"):
         text = f"{exc}: install novaque's driver with pip install 'novaque[{extra}]'"
@@ -197,12 +219,19 @@ def missing_driver(url: sa.URL, exc: ModuleNotFoundError) -> ModuleNotFoundError
     return error
 
 
-def create_engine(url: str | sa.URL, pool_size: int) -> sa.Engine:
-    """Build an engine for ``url`` with the settings novaque runs best with."""
+def create_engine(url: str | sa.URL, pool_size: int, *, asynchronous: bool = False) -> sa.Engine:
+    """Build an engine for ``url`` with the settings novaque runs best with.
+
+    ``asynchronous``: ``url`` names an asyncio driver; the result is then the
+    ``sync_engine`` of an ``AsyncEngine`` (wrap it in ``AsyncEngine``).
+    """
     parsed = sa.make_url(url)
     backend = parsed.get_backend_name()
     if backend == "sqlite":
-        probe = sa.create_engine(parsed)
+        try:
+            probe = _new_engine(parsed, asynchronous=asynchronous)
+        except ModuleNotFoundError as exc:
+            raise missing_driver(parsed, exc, asynchronous=asynchronous) from None
         try:
             engine = sqlite_own_engine(probe)
         finally:
@@ -216,9 +245,9 @@ def create_engine(url: str | sa.URL, pool_size: int) -> sa.Engine:
             kwargs["isolation_level"] = "READ COMMITTED"
             kwargs["pool_reset_on_return"] = None  # replaced by _rollback_if_open
         try:
-            engine = sa.create_engine(parsed, **kwargs)
+            engine = _new_engine(parsed, asynchronous=asynchronous, **kwargs)
         except ModuleNotFoundError as exc:
-            raise missing_driver(parsed, exc) from None
+            raise missing_driver(parsed, exc, asynchronous=asynchronous) from None
         _ping_when_idle(engine)
         if backend != "postgresql":
             _READ_COMMITTED.add(engine)

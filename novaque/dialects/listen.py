@@ -1,7 +1,8 @@
-"""The socket-level PostgreSQL LISTEN client that wakes idle consumers."""
+"""The socket-level PostgreSQL LISTEN clients (threads, asyncio) that wake idle consumers."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import select
 import socket
@@ -27,46 +28,68 @@ class _PostgresListener:
     Waiting is a ``select`` on the connection's socket and a private socket
     pair, so :meth:`interrupt` ends a wait at once; notifications are then
     read without blocking.
+
+    The four steps that touch the connection (:meth:`_listen`,
+    :meth:`_ready`, :meth:`_read`, :meth:`_query`) are all that
+    :class:`_AwaitedPostgresListener` changes for an asyncio connection.
     """
 
     def __init__(self, engine: sa.Engine) -> None:
-        import psycopg
-
-        conn: Any
-        if engine.dialect.driver == "psycopg":
-            proxied = engine.raw_connection()
-            proxied.detach()
-            conn = proxied.dbapi_connection
-        else:  # another driver for the engine: libpq keywords work for psycopg too
-            cargs, cparams = engine.dialect.create_connect_args(engine.url)
-            params: dict[str, Any] = {k: v for k, v in cparams.items() if isinstance(v, (str, int))}
-            params.setdefault("connect_timeout", 10)
-            conn = psycopg.connect(*cargs, **params)
-        self._conn = conn
         self._wake_r, self._wake_w = socket.socketpair()
+        self._conn: Any = None
         try:
-            self._conn.autocommit = True
-            self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
             self._wake_r.setblocking(False)
             self._wake_w.setblocking(False)
+            self._conn = self._listen(engine)
         except BaseException:
             self.close()
             raise
         self._checked = time.monotonic()
 
-    def wait(self, timeout: float) -> list[str]:
+    def _listen(self, engine: sa.Engine) -> Any:
+        """Open the listening connection (autocommit, LISTEN sent)."""
+        import psycopg
+
+        conn: Any
+        if engine.dialect.driver == "psycopg":
+            proxied = engine.raw_connection()
+            conn = proxied.driver_connection  # read before detach() forgets it
+            proxied.detach()
+        else:  # another driver for the engine: libpq keywords work for psycopg too
+            cargs, params = _libpq_params(engine)
+            conn = psycopg.connect(*cargs, **params)
+        try:
+            conn.autocommit = True
+            conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _ready(self, timeout: float) -> tuple[bool, bool]:
+        """Wait until the connection or the wake-up socket is readable: (conn, woken)."""
         sock = self._conn.fileno()
         ready, _, _ = select.select([sock, self._wake_r], [], [], max(timeout, 0.0))
-        if self._wake_r in ready:
+        return sock in ready, self._wake_r in ready
+
+    def _read(self) -> list[str]:
+        # A tiny timeout rather than 0, in case a psycopg version reads a falsy
+        # timeout as "wait forever"; and stop_after, or psycopg waits out that
+        # timeout for more after the first batch (a millisecond added to every
+        # wake-up).
+        return [n.payload for n in self._conn.notifies(timeout=0.001, stop_after=1)]
+
+    def _query(self, sql: str) -> None:
+        self._conn.execute(sql)
+
+    def wait(self, timeout: float) -> list[str]:
+        readable, woken = self._ready(timeout)
+        if woken:
             with contextlib.suppress(BlockingIOError):
                 while self._wake_r.recv(4096):
                     pass
-        if sock in ready:
-            # Read what arrived. A tiny timeout rather than 0, in case a
-            # psycopg version reads a falsy timeout as "wait forever"; and
-            # stop_after, or psycopg waits out that timeout for more after the
-            # first batch (a millisecond added to every wake-up).
-            topics = [n.payload for n in self._conn.notifies(timeout=0.001, stop_after=1)]
+        if readable:
+            topics = self._read()
             if topics:
                 self._checked = time.monotonic()
                 return topics
@@ -78,7 +101,7 @@ class _PostgresListener:
         return []
 
     def _health_check(self) -> None:
-        self._conn.execute("SELECT 1")
+        self._query("SELECT 1")
         self._checked = time.monotonic()
 
     def interrupt(self) -> None:
@@ -86,8 +109,89 @@ class _PostgresListener:
             self._wake_w.send(b"x")
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._conn.close()
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._close()
         for sock in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 sock.close()
+
+    def _close(self) -> None:
+        self._conn.close()
+
+
+class _AwaitedPostgresListener(_PostgresListener):
+    """The listener on a psycopg ``AsyncConnection``, for the asyncio twin.
+
+    Called from inside SQLAlchemy's greenlet bridge on the event loop: each
+    step awaits, so an idle wait lets the loop run everything else. Readiness
+    is watched with the loop's ``add_reader`` on the same two sockets.
+    """
+
+    def _listen(self, engine: sa.Engine) -> Any:
+        import psycopg
+
+        conn: Any
+        if engine.dialect.driver == "psycopg":
+            proxied = engine.raw_connection()
+            conn = proxied.driver_connection  # read before detach() forgets it
+            proxied.detach()
+        else:
+            cargs, params = _libpq_params(engine)
+            conn = _await(psycopg.AsyncConnection.connect(*cargs, **params))
+        try:
+            _await(conn.set_autocommit(True))
+            _await(conn.execute(f"LISTEN {NOTIFY_CHANNEL}"))
+        except BaseException:
+            _await(conn.close())
+            raise
+        return conn
+
+    def _ready(self, timeout: float) -> tuple[bool, bool]:
+        return _await(self._readable(timeout))  # type: ignore[no-any-return]
+
+    async def _readable(self, timeout: float) -> tuple[bool, bool]:
+        loop = asyncio.get_running_loop()
+        sockets = {"conn": self._conn.fileno(), "woken": self._wake_r.fileno()}
+        ready: set[str] = set()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def readable(name: str) -> None:
+            ready.add(name)
+            if not done.done():
+                done.set_result(None)
+
+        for name, fd in sockets.items():
+            loop.add_reader(fd, readable, name)
+        try:
+            await asyncio.wait({done}, timeout=max(timeout, 0.0))
+        finally:
+            for fd in sockets.values():
+                loop.remove_reader(fd)
+        return "conn" in ready, "woken" in ready
+
+    def _read(self) -> list[str]:
+        return _await(self._notified())  # type: ignore[no-any-return]
+
+    async def _notified(self) -> list[str]:
+        return [n.payload async for n in self._conn.notifies(timeout=0.001, stop_after=1)]
+
+    def _query(self, sql: str) -> None:
+        _await(self._conn.execute(sql))
+
+    def _close(self) -> None:
+        _await(self._conn.close())
+
+
+def _libpq_params(engine: sa.Engine) -> tuple[list[Any], dict[str, Any]]:
+    """Connection arguments for psycopg from an engine of another driver."""
+    cargs, cparams = engine.dialect.create_connect_args(engine.url)
+    params: dict[str, Any] = {k: v for k, v in cparams.items() if isinstance(v, (str, int))}
+    params.setdefault("connect_timeout", 10)
+    return list(cargs), params
+
+
+def _await(awaitable: Any) -> Any:
+    from sqlalchemy.util import await_only
+
+    return await_only(awaitable)

@@ -20,7 +20,7 @@ from novaque.dialects.base import (
     d,
     m,
 )
-from novaque.dialects.listen import _PostgresListener
+from novaque.dialects.listen import _AwaitedPostgresListener, _PostgresListener
 from novaque.schema import STATE_LEASED, STATE_READY, channels
 
 MIGRATION_LOCK_KEY = 0x6E6F7661717565  # "novaque"
@@ -195,12 +195,12 @@ class PostgresDialect(Dialect):
             int(c): int(n) for c, n in zip(row[1], row[2], strict=True)
         }
 
-    def open_listener(self, engine: sa.Engine) -> NotifyListener | None:
+    def open_listener(self, engine: sa.Engine, *, awaited: bool = False) -> NotifyListener | None:
         try:
             import psycopg  # noqa: F401  (psycopg 3 reads notifications with a timeout)
         except ImportError:
             return None
-        return _PostgresListener(engine)
+        return _AwaitedPostgresListener(engine) if awaited else _PostgresListener(engine)
 
     def claim(
         self, conn: sa.Connection, channel_id: int, limit: int, now: int, until: int, token: str
