@@ -31,6 +31,7 @@ import sqlalchemy as sa
 
 import novaque
 from novaque import _core, schema
+from tests import _twin
 
 BACKENDS = ("sqlite", "postgres", "mysql")
 ENV = {"postgres": "NOVAQUE_TEST_POSTGRES_URL", "mysql": "NOVAQUE_TEST_MYSQL_URL"}
@@ -98,6 +99,10 @@ class Backend:
     engines: list[sa.Engine] = field(default_factory=list)
     clients: list[novaque.Client] = field(default_factory=list)
     _scratch: list[Callable[[], None]] = field(default_factory=list)
+    #: Which client :meth:`client` makes: "sync", or "aio" (the asyncio twin
+    #: behind the sync surface, see tests/_twin.py) while a ``twin`` test runs.
+    twin: str = "sync"
+    twins: list[_twin.SyncTwin] = field(default_factory=list)
 
     def engine(self, url: str | None = None) -> sa.Engine:
         """A plain application-style engine (what users pass to ``Client``)."""
@@ -106,6 +111,10 @@ class Backend:
         return engine
 
     def client(self, **options: Any) -> novaque.Client:
+        if self.twin == "aio":
+            made_twin = _twin.make(self.name, self.url, _twin_loop(), novaque.Options(**options))
+            self.twins.append(made_twin)
+            return made_twin  # type: ignore[return-value]  # the same surface
         made = novaque.Client(self.engine(), novaque.Options(**options))
         self.clients.append(made)
         return made
@@ -114,7 +123,14 @@ class Backend:
         """Close what one test opened (the session's database stays)."""
         # Clients a test built itself that counted something: their counter
         # flushers must not outlive the test (and the engines it disposes).
-        others = [c for c in list(_core._unflushed) if c not in self.clients]
+        twin_cores = {id(t.aio._core) for t in self.twins}
+        for made_twin in self.twins:
+            made_twin.close()
+            _core._unflushed.discard(made_twin.aio._core)
+        self.twins.clear()
+        others = [
+            c for c in list(_core._unflushed) if c not in self.clients and id(c) not in twin_cores
+        ]
         for made in [*self.clients, *others]:
             shutdown = getattr(made, "shutdown", None)
             if shutdown is not None:
@@ -258,14 +274,55 @@ def backend(
     made.release()
 
 
+_loop: _twin.Loop | None = None
+
+
+def _twin_loop() -> _twin.Loop:
+    """The session's event loop for the asyncio twin (started on first use)."""
+    global _loop
+    if _loop is None:
+        _loop = _twin.Loop()
+    return _loop
+
+
+TWINS = ("sync", "aio")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "twin" in metafunc.fixturenames:
+        # A test of what only the sync client has (a sync caller's connection,
+        # threads) is marked sync_only.
+        sync_only = metafunc.definition.get_closest_marker("sync_only") is not None
+        metafunc.parametrize("twin", ["sync"] if sync_only else TWINS, indirect=True)
+
+
+@pytest.fixture
+def twin(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Each client in turn: a module that uses this fixture (``pytestmark =
+    pytest.mark.usefixtures("twin")``) runs its tests on novaque.Client and on
+    novaque.aio.AsyncClient (through tests/_twin.py's sync surface), but those
+    marked ``sync_only``."""
+    if "backend" not in request.fixturenames:  # a test of no database
+        yield request.param
+        return
+    backend: Backend = request.getfixturevalue("backend")
+    backend.twin = request.param
+    yield request.param
+    backend.release()
+    backend.twin = "sync"
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
 
 
 @pytest.fixture
-def client(backend: Backend, clock: FakeClock) -> novaque.Client:
-    """A client on the backend with the fake clock (closed by ``backend``)."""
+def client(request: pytest.FixtureRequest, backend: Backend, clock: FakeClock) -> novaque.Client:
+    """A client on the backend with the fake clock (closed by ``backend``); the
+    twin of the test's ``twin`` parameter where the module runs on both."""
+    if "twin" in request.fixturenames:
+        request.getfixturevalue("twin")
     return backend.client(clock=clock)
 
 

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 import novaque
 from tests.conftest import FakeClock
+
+pytestmark = pytest.mark.usefixtures("twin")
 
 
 def setup(client: novaque.Client, n: int) -> tuple[list[int], int]:

@@ -11,6 +11,8 @@ import novaque
 from novaque.schema import deliveries, messages
 from tests.conftest import Backend, FakeClock
 
+pytestmark = pytest.mark.usefixtures("twin")
+
 
 def one(
     client: novaque.Client, topic: str = "t", channel: str = "c", **kw: object
@@ -166,6 +168,7 @@ def test_requeue_applies_backoff_and_delay(backend: Backend, clock: FakeClock) -
     assert one(client).attempts == 4
 
 
+@pytest.mark.sync_only
 def test_backoff_policy() -> None:
     policy = novaque.Backoff(base=1.0, cap=10.0, jitter=False)
     assert [policy.delay(a) for a in (1, 2, 3, 4, 5, 6)] == [1, 2, 4, 8, 10, 10]

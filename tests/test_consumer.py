@@ -21,6 +21,8 @@ import novaque
 from novaque.schema import STATE_DEAD, STATE_LEASED, STATE_READY, deliveries
 from tests.conftest import Backend, FakeClock
 
+pytestmark = pytest.mark.usefixtures("twin")
+
 WAIT = 60.0  # deadline of every wait on a background thread (generous: shared machine)
 
 
@@ -183,6 +185,7 @@ def test_heartbeat_keeps_a_handler_running_past_its_lease_from_redelivery(
     assert signals.count("lease_lost") == 0
 
 
+@pytest.mark.sync_only
 def test_a_lost_lease_makes_the_late_ack_a_no_op_and_the_message_comes_back(
     backend: Backend,
     client: novaque.Client,
@@ -229,6 +232,7 @@ def test_a_lost_lease_makes_the_late_ack_a_no_op_and_the_message_comes_back(
     assert rows(backend) == []
 
 
+@pytest.mark.sync_only
 def test_shutdown_releases_claimed_unstarted_deliveries_without_counting_the_attempt(
     backend: Backend, client: novaque.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -262,6 +266,7 @@ def test_shutdown_releases_claimed_unstarted_deliveries_without_counting_the_att
     assert [m.attempts for m in got] == [1, 1, 1]
 
 
+@pytest.mark.sync_only
 def test_shutdown_lets_running_handlers_finish_and_flushes_their_acks(
     backend: Backend, client: novaque.Client
 ) -> None:
@@ -287,11 +292,11 @@ def test_handlers_still_running_at_the_deadline_keep_their_lease(
     clock: FakeClock,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    go_on = threading.Event()
-    handler = Recorder(lambda msg: go_on.wait(WAIT))
+    go_on, entered = threading.Event(), threading.Event()
+    handler = Recorder(lambda msg: (entered.set(), go_on.wait(WAIT)))
     consumer = client.subscribe_and_start("t", "c", handler, lease=30, poll_interval=0.02)
     client.publish("t", b"x")
-    waited(consumer._signals.wait("started", 1, WAIT), "the handler")
+    waited(entered.wait(WAIT), "the handler")
     token = handler.calls[0].lease_token
     with caplog.at_level(logging.WARNING, logger="novaque"):
         consumer.shutdown(timeout=0.05)
@@ -356,6 +361,7 @@ def test_the_listener_reconnects_when_its_connection_is_killed(backend: Backend)
     consumer.shutdown()
 
 
+@pytest.mark.sync_only
 def test_subscribe_checks_its_arguments(client: novaque.Client) -> None:
     def handler(msg: novaque.Message) -> None:
         pass

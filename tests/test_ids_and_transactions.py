@@ -21,6 +21,8 @@ from novaque import _core
 from novaque.schema import deliveries, messages
 from tests.conftest import Backend, FakeClock
 
+pytestmark = pytest.mark.usefixtures("twin")
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -97,6 +99,7 @@ def test_a_deleted_and_recreated_channel_is_consumed_again(
 # -- a topic id learned in a rolled-back transaction is never used --------------------------
 
 
+@pytest.mark.sync_only
 @pytest.mark.parametrize("how", ["session", "connection", "savepoint"])
 def test_a_rolled_back_first_publish_leaves_nothing_behind(
     backend: Backend, client: novaque.Client, how: str
@@ -129,6 +132,7 @@ def test_a_rolled_back_first_publish_leaves_nothing_behind(
     assert sorted(client.list_topics()) == ["fresh", "other"]
 
 
+@pytest.mark.sync_only
 def test_a_publish_in_a_rolled_back_savepoint_is_not_counted(
     backend: Backend, client: novaque.Client
 ) -> None:
@@ -160,6 +164,7 @@ def test_a_publish_in_a_rolled_back_savepoint_is_not_counted(
 # -- a caller's transaction on MariaDB's REPEATABLE READ, and other databases ---------------
 
 
+@pytest.mark.sync_only
 def test_a_topic_created_after_the_callers_snapshot_is_found(
     backend: Backend, client: novaque.Client
 ) -> None:
@@ -179,6 +184,7 @@ def test_a_topic_created_after_the_callers_snapshot_is_found(
     assert msg.id == message_id
 
 
+@pytest.mark.sync_only
 def test_a_session_bound_to_another_database_uses_that_databases_ids(
     backend: Backend, client: novaque.Client, tmp_path: Path
 ) -> None:
@@ -201,6 +207,7 @@ def test_a_session_bound_to_another_database_uses_that_databases_ids(
     assert client.topic_counters("alpha").published == 0  # no channel here
 
 
+@pytest.mark.sync_only
 @pytest.mark.parametrize("backend", ["postgres", "mysql"], indirect=True)  # vs. SQLite
 def test_a_connection_to_another_kind_of_database_is_refused(
     backend: Backend, client: novaque.Client, tmp_path: Path
@@ -213,6 +220,7 @@ def test_a_connection_to_another_kind_of_database_is_refused(
         client.publish("t", b"x", session=session)
 
 
+@pytest.mark.sync_only
 def test_a_session_on_an_unmigrated_database_raises_schema_out_of_date(
     backend: Backend, client: novaque.Client, tmp_path: Path
 ) -> None:
@@ -370,6 +378,7 @@ def _run_and_exit(backend: Backend, *lines: str) -> None:
     subprocess.run([sys.executable, "-c", script, backend.url], check=True, cwd=ROOT, timeout=120)
 
 
+@pytest.mark.sync_only
 def test_a_publish_only_process_flushes_its_counters_at_exit(backend: Backend) -> None:
     reader = backend.client()
     reader.ensure_channel("web", "c")
@@ -392,6 +401,7 @@ def test_a_publish_only_client_flushes_its_counters_while_it_lives(backend: Back
     assert _wait_for(lambda: reader.channel_counters("web", "c").published == 3)
 
 
+@pytest.mark.sync_only
 def test_counters_of_a_started_client_reach_the_database_at_exit(backend: Backend) -> None:
     reader = backend.client()
     reader.ensure_channel("web", "c")

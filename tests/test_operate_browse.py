@@ -11,6 +11,8 @@ import novaque
 from novaque import DeliveryInfo
 from tests.conftest import Backend, FakeClock
 
+pytestmark = pytest.mark.usefixtures("twin")
+
 
 def test_get_message_shows_each_live_delivery(client: novaque.Client, clock: FakeClock) -> None:
     for channel in ("a", "b", "c", "d", "e"):

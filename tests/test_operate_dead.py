@@ -11,6 +11,8 @@ import novaque
 from novaque import Backlog
 from tests.conftest import Backend, FakeClock
 
+pytestmark = pytest.mark.usefixtures("twin")
+
 
 def bury(client: novaque.Client, topic: str, channel: str, how: list[str]) -> list[int]:
     """Claim len(how) deliveries and kill each: "reject:<reason>" or "fail:<error>"."""

@@ -14,6 +14,8 @@ from novaque.schema import deliveries, messages
 from tests import _procs
 from tests.conftest import Backend, FakeClock
 
+pytestmark = pytest.mark.usefixtures("twin")
+
 
 def count(backend: Backend, table: sa.Table) -> int:
     with backend.engine().connect() as conn:
@@ -50,6 +52,7 @@ def test_a_key_is_free_again_once_its_message_is_gone(
     assert client.publish("t", b"three", dedup_key="k") not in (first, second)
 
 
+@pytest.mark.sync_only
 def test_two_processes_racing_on_keys_store_one_message_each(backend: Backend) -> None:
     setup = backend.client()
     setup.ensure_channel("dedup", "c")
@@ -75,6 +78,7 @@ def test_two_processes_racing_on_keys_store_one_message_each(backend: Backend) -
     assert setup.channel_counters("dedup", "c").published == 2 * len(keys)
 
 
+@pytest.mark.sync_only
 def test_a_publish_racing_an_uncommitted_holder_of_its_key_gets_its_id(backend: Backend) -> None:
     holder, racer = backend.client(), backend.client()
     holder.ensure_channel("t", "a")
@@ -93,6 +97,7 @@ def test_a_publish_racing_an_uncommitted_holder_of_its_key_gets_its_id(backend: 
     assert [m.id for m in holder.list_messages("t")] == [first]
 
 
+@pytest.mark.sync_only
 def test_a_caller_transaction_with_an_older_snapshot_still_sees_the_winner(
     backend: Backend,
 ) -> None:

@@ -13,6 +13,8 @@ from novaque import Counters
 from tests import _procs
 from tests.conftest import Backend, FakeClock
 
+pytestmark = pytest.mark.usefixtures("twin")
+
 
 def test_scripted_sequence_yields_exact_counters(client: novaque.Client, clock: FakeClock) -> None:
     client.ensure_channel("t", "a")
@@ -95,6 +97,7 @@ def test_counters_fall_on_utc_days(client: novaque.Client, clock: FakeClock) -> 
     assert client.daily_counters("t", "a", since=date(2030, 1, 6)) == []
 
 
+@pytest.mark.sync_only
 def test_two_processes_flushing_one_bucket_lose_no_increment(backend: Backend) -> None:
     setup = backend.client()
     setup.ensure_channel("race", "c")

@@ -11,6 +11,8 @@ from sqlalchemy.orm import Session
 import novaque
 from tests.conftest import Backend
 
+pytestmark = pytest.mark.usefixtures("twin")
+
 
 def drain(client: novaque.Client, topic: str, channel: str) -> list[novaque.Message]:
     got: list[novaque.Message] = []
@@ -81,6 +83,7 @@ def test_headers_round_trip_and_default_to_empty(client: novaque.Client) -> None
     assert second.headers == {}
 
 
+@pytest.mark.sync_only
 def test_transactional_publish_with_connection(backend: Backend, client: novaque.Client) -> None:
     client.ensure_channel("orders", "mailer")
     engine = backend.engine()
@@ -94,6 +97,7 @@ def test_transactional_publish_with_connection(backend: Backend, client: novaque
     assert [(m.id, m.body) for m in got] == [(kept, b"committed")]
 
 
+@pytest.mark.sync_only
 def test_transactional_publish_with_orm_session(backend: Backend, client: novaque.Client) -> None:
     client.ensure_channel("orders", "mailer")
     engine = backend.engine()
@@ -108,6 +112,7 @@ def test_transactional_publish_with_orm_session(backend: Backend, client: novaqu
     assert got[0].id == kept
 
 
+@pytest.mark.sync_only
 def test_transactional_publish_commits_with_the_applications_own_rows(
     backend: Backend, client: novaque.Client
 ) -> None:
@@ -136,6 +141,7 @@ def test_transactional_publish_commits_with_the_applications_own_rows(
         app.drop_all(engine)
 
 
+@pytest.mark.sync_only
 def test_publish_rejects_connection_and_session_together(
     backend: Backend, client: novaque.Client
 ) -> None:

@@ -14,6 +14,8 @@ from novaque.schema import STATE_DEAD, messages, stats
 from tests.conftest import Backend, FakeClock
 from tests.test_consumer import WAIT, Recorder, rows, waited
 
+pytestmark = pytest.mark.usefixtures("twin")
+
 FAST = {
     "reap_interval": 0.02,
     "purge_interval": 0.02,
@@ -77,6 +79,7 @@ def test_start_runs_every_maintenance_job_repeatedly(backend: Backend, clock: Fa
     assert client._maintenance is None
 
 
+@pytest.mark.sync_only
 def test_a_failing_job_is_logged_at_error_and_tried_again(
     backend: Backend, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -189,6 +192,7 @@ def test_shutdown_without_start_is_harmless(client: novaque.Client) -> None:
     assert client._maintenance is None
 
 
+@pytest.mark.sync_only
 def test_shutdown_keeps_stats_it_could_not_flush(
     backend: Backend, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

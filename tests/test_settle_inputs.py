@@ -23,6 +23,8 @@ from novaque import _ledger
 from novaque.schema import STATE_LEASED, deliveries
 from tests.conftest import Backend, FakeClock
 
+pytestmark = pytest.mark.usefixtures("twin")
+
 WAIT = 60.0
 
 #: What os.fsdecode makes of a byte that is not UTF-8: a lone surrogate.
@@ -206,6 +208,7 @@ class FlakyRetry:
         raise self.error
 
 
+@pytest.mark.sync_only
 def test_a_settle_failing_for_good_is_given_up_and_its_lease_lapses(
     backend: Backend,
     client: novaque.Client,
@@ -253,6 +256,7 @@ def only_delivery(backend: Backend) -> int:
         return int(conn.execute(sa.select(deliveries.c.id)).scalar_one())
 
 
+@pytest.mark.sync_only
 def test_a_settle_failing_transiently_is_retried_up_to_a_bound(
     client: novaque.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:

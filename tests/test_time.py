@@ -5,14 +5,17 @@ from __future__ import annotations
 import time
 from datetime import datetime, timezone
 
+import pytest
+
 from novaque._time import Clock, day_of, from_us, start_of_day, to_us
 from tests.conftest import Backend
 
 
+@pytest.mark.usefixtures("twin")
 def test_default_clock_agrees_with_the_server(backend: Backend) -> None:
     client = backend.client()
     client.list_topics()  # first call: schema check and clock sample
-    with client._executor.engine.connect() as conn:
+    with backend.engine().connect() as conn:
         server = client._dialect.db_now_us(conn)
     ours = client._now()
     reference = server if server is not None else time.time_ns() // 1000  # SQLite: the host

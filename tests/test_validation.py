@@ -11,6 +11,8 @@ import novaque
 from novaque.schema import messages, topics
 from tests.conftest import Backend
 
+pytestmark = pytest.mark.usefixtures("twin")
+
 
 def table_counts(backend: Backend) -> tuple[int, int]:
     with backend.engine().connect() as conn:
@@ -128,11 +130,13 @@ def test_bad_claim_and_settle_arguments(client: novaque.Client) -> None:
         ({"dead_max_age": timedelta(days=4000)}, "the limit is 315360000 s"),
     ],
 )
+@pytest.mark.sync_only
 def test_bad_options(fields: dict[str, object], pattern: str) -> None:
     with pytest.raises(novaque.InvalidOption, match=pattern):
         novaque.Options(**fields)  # type: ignore[arg-type]
 
 
+@pytest.mark.sync_only
 def test_backoff_validates_its_durations() -> None:
     with pytest.raises(novaque.InvalidOption, match="Backoff.base must be >= 0"):
         novaque.Backoff(base=-1)
@@ -236,6 +240,7 @@ def test_a_naive_clock_is_refused(backend: Backend) -> None:
         client.publish("t", b"x")
 
 
+@pytest.mark.sync_only
 def test_errors_share_one_base_and_the_usual_builtins() -> None:
     for error in (novaque.InvalidName, novaque.InvalidOption, novaque.MessageTooLarge):
         assert issubclass(error, ValueError)
