@@ -4,7 +4,7 @@
 
 - ``subscribe`` / ``subscribe_and_start``, which make :class:`~novaque.Consumer`
   objects;
-- ``start`` / ``shutdown`` / ``with client:``: one maintenance thread that runs
+- ``start`` / ``shutdown`` / ``with client:``: one maintenance loop that runs
   the lease reaper, the TTL purge, the stats flush and the stats prune at
   their intervals. Every job is safe to run in many processes at once; a
   failure is logged at ERROR and the job is tried again after a backoff;
@@ -12,6 +12,9 @@
   listening connection per client that wakes the local consumers of the
   notified topic. It reconnects when the connection drops and then wakes
   every consumer once, since a notification may have been missed.
+
+Each loop is a thread for :class:`novaque.Client` and a task for the asyncio
+twin (``_waits``: :mod:`novaque._waits`).
 """
 
 from __future__ import annotations
@@ -311,10 +314,10 @@ class RuntimeClient(CoreClient):
     def start(self) -> None:
         """Start the background maintenance in this process (idempotent).
 
-        One thread runs the lease reaper every ``reap_interval``, the TTL purge
-        every ``purge_interval``, the stats flush every
-        ``stats_flush_interval`` and the stats prune every
-        ``stats_prune_interval``. Running it in many processes at once is
+        One loop (a thread; a task on the asyncio twin) runs the lease
+        reaper every ``reap_interval``, the TTL purge every
+        ``purge_interval``, the stats flush every ``stats_flush_interval``
+        and the stats prune every ``stats_prune_interval``. Running it in many processes at once is
         safe. A failing job is logged at ERROR and tried again after a
         backoff. Consumers are started on their own (:meth:`Consumer.start`).
 
@@ -424,7 +427,7 @@ class RuntimeClient(CoreClient):
         """Stop everything this client runs, within about ``timeout`` seconds.
 
         Shuts every consumer down (see :meth:`Consumer.shutdown`; they share
-        the timeout), stops the maintenance thread and the listener, flushes
+        the timeout), stops the maintenance loop and the listener, flushes
         the buffered stats, and closes the connections of the engine novaque
         opened itself (SQLite's second engine, or the engine
         :func:`novaque.connect` built). The client stays usable: calls open

@@ -1,7 +1,9 @@
 """The consumer runtime: one subscription's claim loop, workers, settler and heartbeat.
 
-A :class:`Consumer` is made by :meth:`novaque.Client.subscribe`. Once started
-it runs four kinds of threads:
+A :class:`Consumer` is made by :meth:`novaque.Client.subscribe` (and, inside
+an :class:`~novaque.aio.AsyncConsumer`, by the asyncio twin). Once started it
+runs four kinds of loops, threads for the sync client and tasks for the twin
+(:mod:`novaque._waits`), the same code either way:
 
 - the **claim loop** leases up to ``max_in_flight`` deliveries at a time, only
   as many as there are idle workers, so nothing it claims waits long; the
@@ -17,7 +19,7 @@ it runs four kinds of threads:
 Idle, the claim loop polls with a delay that starts small and doubles up to
 ``poll_interval`` (each wait jittered by +-50 %). A publish in the same
 process, a PostgreSQL ``NOTIFY`` or a worker becoming free wakes it at once.
-Database errors are logged and retried with backoff; they never end a thread.
+Database errors are logged and retried with backoff; they never end a loop.
 A result the settler cannot write is given up (logged at ERROR) at the first
 error that trying again cannot cure, or after :data:`novaque._ledger.SETTLE_MAX_FAILURES`
 transient ones in a row: its lease is then no longer renewed, so the delivery

@@ -50,12 +50,8 @@ class _PostgresListener:
         """Open the listening connection (autocommit, LISTEN sent)."""
         import psycopg
 
-        conn: Any
-        if engine.dialect.driver == "psycopg":
-            proxied = engine.raw_connection()
-            conn = proxied.driver_connection  # read before detach() forgets it
-            proxied.detach()
-        else:  # another driver for the engine: libpq keywords work for psycopg too
+        conn = _detached(engine)
+        if conn is None:  # another driver for the engine: libpq keywords work for psycopg too
             cargs, params = _libpq_params(engine)
             conn = psycopg.connect(*cargs, **params)
         try:
@@ -131,12 +127,8 @@ class _AwaitedPostgresListener(_PostgresListener):
     def _listen(self, engine: sa.Engine) -> Any:
         import psycopg
 
-        conn: Any
-        if engine.dialect.driver == "psycopg":
-            proxied = engine.raw_connection()
-            conn = proxied.driver_connection  # read before detach() forgets it
-            proxied.detach()
-        else:
+        conn = _detached(engine)
+        if conn is None:
             cargs, params = _libpq_params(engine)
             conn = _await(psycopg.AsyncConnection.connect(*cargs, **params))
         try:
@@ -181,6 +173,18 @@ class _AwaitedPostgresListener(_PostgresListener):
 
     def _close(self) -> None:
         _await(self._conn.close())
+
+
+def _detached(engine: sa.Engine) -> Any:
+    """A psycopg connection opened as ``engine`` opens them (its ``connect_args``,
+    ``creator`` and connect events), taken out of the pool for good; None when
+    the engine's driver is not psycopg."""
+    if engine.dialect.driver != "psycopg":
+        return None
+    proxied = engine.raw_connection()
+    conn = proxied.driver_connection  # read before detach() forgets it
+    proxied.detach()
+    return conn
 
 
 def _libpq_params(engine: sa.Engine) -> tuple[list[Any], dict[str, Any]]:
