@@ -59,6 +59,7 @@ connection opens, default ``True``) and ``options`` (a dict of
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -75,7 +76,7 @@ import sqlalchemy as sa
 from kombu.transport import TRANSPORT_ALIASES, virtual
 
 import novaque
-from novaque.errors import ChannelNotFound, LeaseLost, NovaqueError, TopicNotFound
+from novaque.errors import ChannelNotFound, LeaseLost, TopicNotFound
 
 __all__ = ["Channel", "QoS", "Transport", "channel_name", "shutdown_clients", "topic_names"]
 
@@ -180,7 +181,7 @@ class Channel(virtual.Channel):
 
     QoS = QoS
     supports_fanout = True
-    from_transport_options = (
+    from_transport_options: tuple[str, ...] = (  # type: ignore[assignment]
         *virtual.Channel.from_transport_options,
         "lease",
         "max_attempts",
@@ -287,10 +288,8 @@ class Channel(virtual.Channel):
     def _size(self, queue: str) -> int:
         ready = 0
         for topic in self._topics_of(queue):
-            try:
+            with contextlib.suppress(TopicNotFound, ChannelNotFound):
                 ready += self.client.channel_backlog(topic, channel_name(queue)).ready
-            except (TopicNotFound, ChannelNotFound):
-                pass
         return ready
 
     def _purge(self, queue: str) -> int:
@@ -326,7 +325,7 @@ class Channel(virtual.Channel):
         if kind != "topic":
             return [self._binding_topic(exchange, routing_key)]
         head = topic_names(self.topic_prefix, exchange, "topic", "")
-        matcher = self.exchange_types["topic"]
+        matcher: Any = self.exchange_types["topic"]
         table = [
             (pattern, matcher.key_to_pattern(pattern), topic)
             for topic in self.connection.topics(self.client)
@@ -428,15 +427,16 @@ class Channel(virtual.Channel):
             self._ack_quietly(got)
             return payloads
         with self._lock:
-            for payload, msg in zip(payloads, got):
+            for payload, msg in zip(payloads, got, strict=False):
                 self._held[payload["properties"]["delivery_tag"]] = _Held(msg)
         self._start_heartbeat()
         return payloads
 
     def _claim_limit(self) -> int:
-        room = self.qos.can_consume_max_estimate()
-        if room is None:
+        estimate = self.qos.can_consume_max_estimate()
+        if estimate is None:
             return max(1, int(self.claim_batch))
+        room = int(estimate)
         with self._lock:
             buffered = sum(len(b) for b in self._buffer.values())
         return max(1, min(int(self.claim_batch), room - buffered))
@@ -480,15 +480,13 @@ class Channel(virtual.Channel):
     # -- lease renewal --------------------------------------------------------------
 
     def _start_heartbeat(self) -> None:
-        if self._heartbeat is not None:
-            return
         with self._lock:
             if self._heartbeat is not None:
                 return
-            self._heartbeat = threading.Thread(
+            thread = self._heartbeat = threading.Thread(
                 target=self._renew_loop, name="novaque-kombu-heartbeat", daemon=True
             )
-        self._heartbeat.start()
+        thread.start()
 
     def _renew_loop(self) -> None:
         """Extend every held lease once half of it has passed."""
@@ -587,16 +585,15 @@ class Transport(virtual.Transport):
     Channel = Channel
 
     can_parse_url = True
-    default_port = 0
+    default_port = 0  # type: ignore[assignment]
     driver_type = "sql"
     driver_name = "novaque"
     polling_interval = 0.2
-    connection_errors = (
+    connection_errors = (  # type: ignore[assignment]
         *virtual.Transport.connection_errors,
         sa.exc.OperationalError,
         sa.exc.InterfaceError,
     )
-    channel_errors = (*virtual.Transport.channel_errors, NovaqueError)
     implements = virtual.Transport.implements.extend(
         exchange_type=frozenset(["direct", "topic", "fanout"]),
     )
@@ -614,16 +611,18 @@ class Transport(virtual.Transport):
     def novaque_client(self) -> novaque.Client:
         """The process's novaque client for this connection's URL (made, and
         migrated unless ``migrate=False``, on first use)."""
-        url = self.client.hostname
+        conninfo: Any = self.client
+        url = conninfo.hostname
         if not url:
             raise ValueError("the broker URL names no database: use novaque+<SQLAlchemy URL>")
-        options: dict[str, Any] = dict(self.client.transport_options.get("options") or {})
+        transport_options: dict[str, Any] = conninfo.transport_options
+        options: dict[str, Any] = dict(transport_options.get("options") or {})
         key = (os.getpid(), url, repr(sorted(options.items())))
         with _clients_lock:
             made = _clients.get(key)
             if made is None:
                 made = novaque.connect(url, **options)
-                if self.client.transport_options.get("migrate", True):
+                if transport_options.get("migrate", True):
                     made.migrate()
                 _clients[key] = made
         return made

@@ -7,6 +7,7 @@ time.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -18,9 +19,9 @@ from typing import Any
 
 import kombu.pools
 import pytest
-from kombu import Connection, Exchange, Queue
 
 import novaque.kombu
+from kombu import Connection, Exchange, Queue
 from novaque import _validate
 from novaque.kombu import channel_name, topic_names
 from tests.celery_app import make_app
@@ -73,9 +74,12 @@ def test_names_fit_novaque_and_stay_apart() -> None:
     assert channel_name("celery@host.celery.pidbox") == "celery:40host.celery.pidbox"
     # ":" itself is escaped, so a name never makes a separator of its own.
     assert channel_name("a::b") != channel_name("a:b") != channel_name("a")
-    assert topic_names("k", "a::direct::b", "direct", "c") != topic_names("k", "a", "direct", "b::c")
+    assert topic_names("k", "a::direct::b", "direct", "c") != topic_names(
+        "k", "a", "direct", "b::c"
+    )
     long = [channel_name("q" * 300), channel_name("q" * 301)]
-    assert all(len(n) == 200 for n in long) and long[0] != long[1]
+    assert all(len(n) == 200 for n in long)
+    assert long[0] != long[1]
     for name in ["celery", "x" * 300, "é@:/ %", "a.b-c_d"]:  # novaque takes them all
         _validate.name(channel_name(name), "channel")
 
@@ -85,7 +89,11 @@ def test_names_fit_novaque_and_stay_apart() -> None:
 
 def test_direct_exchange_routes_by_key_across_connections(broker: str) -> None:
     exchange = Exchange("orders", "direct")
-    q_a1, q_a2, q_b = Queue("a1", exchange, "a"), Queue("a2", exchange, "a"), Queue("b", exchange, "b")
+    q_a1, q_a2, q_b = (
+        Queue("a1", exchange, "a"),
+        Queue("a2", exchange, "a"),
+        Queue("b", exchange, "b"),
+    )
     with Connection(broker) as consumer_side, Connection(broker) as producer_side:
         for queue in (q_a1, q_a2, q_b):
             queue(consumer_side.default_channel).declare()
@@ -148,13 +156,15 @@ def test_fanout_exchange_copies_to_every_bound_queue(broker: str, backend: Backe
 def test_unacked_message_is_leased_renewed_and_given_back(broker: str) -> None:
     queue = Queue("work")
     options = {"lease": 0.6}
-    with Connection(broker, transport_options=options) as holder, Connection(
-        broker, transport_options=options
-    ) as other:
+    with (
+        Connection(broker, transport_options=options) as holder,
+        Connection(broker, transport_options=options) as other,
+    ):
         queue(holder.default_channel).declare()
         holder.Producer().publish({"n": 1}, routing_key="work")
         held = queue(holder.default_channel).get()
-        assert held is not None and held.payload == {"n": 1}
+        assert held is not None
+        assert held.payload == {"n": 1}
         # Held for several leases: renewed, so nobody else gets it.
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline:
@@ -168,7 +178,8 @@ def test_unacked_message_is_leased_renewed_and_given_back(broker: str) -> None:
         with Connection(broker) as leaving:
             assert queue(leaving.default_channel).get().payload == {"n": 2}
         again = queue(conn.default_channel).get()
-        assert again.payload == {"n": 2} and not again.delivery_info["redelivered"]
+        assert again.payload == {"n": 2}
+        assert not again.delivery_info["redelivered"]
         again.ack()
 
 
@@ -180,7 +191,8 @@ def test_reject_requeues_or_dead_letters(broker: str, backend: Backend) -> None:
         conn.Producer().publish({"n": 1}, routing_key="jobs")
         bound.get().requeue()
         again = bound.get()
-        assert again.payload == {"n": 1} and again.delivery_info["redelivered"]
+        assert again.payload == {"n": 1}
+        assert again.delivery_info["redelivered"]
         again.reject()
         assert bound.get() is None
     dead = backend.client().list_dead(topic_names("kombu", "", "direct", "jobs"), "jobs")
@@ -213,10 +225,8 @@ def test_consumer_drains_with_prefetch_and_purge_counts(broker: str) -> None:
         with conn.Consumer(queue, callbacks=[on_message], prefetch_count=3):
             deadline = time.monotonic() + WAIT
             while len(seen) < 7 and time.monotonic() < deadline:
-                try:
+                with contextlib.suppress(TimeoutError):
                     conn.drain_events(timeout=0.5)
-                except TimeoutError:
-                    pass
         assert sorted(seen) == list(range(7))
         for n in range(4):
             producer.publish({"n": n})
