@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -336,3 +337,51 @@ def test_celery_task_of_a_killed_worker_runs_again(
     )
     assert done == [f"hang-h-done-{second.proc.pid}"]
     second.stop()
+
+
+def guide_file(name: str) -> str:
+    text = (ROOT / "docs" / "guide.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if f"# file: {name}" in b]
+    return block
+
+
+@pytest.mark.slow
+def test_the_guide_celery_example_runs(tmp_path: Path, workers: list[Worker]) -> None:
+    """The guide's tasks.py and send.py as written, with a default worker
+    (mingle, gossip and heartbeats on), and remote control answering."""
+    for name in ("tasks.py", "send.py"):
+        (tmp_path / name).write_text(guide_file(name))
+    log = tmp_path / "worker.log"
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-l", "info", "-c", "1"],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    worker = Worker.__new__(Worker)
+    worker.proc, worker.log = proc, log
+    workers.append(worker)
+    sent = subprocess.run(
+        [sys.executable, "send.py"], cwd=tmp_path, env=env, capture_output=True, timeout=WAIT
+    )
+    assert sent.returncode == 0, sent.stderr.decode()
+    try:
+        eventually(lambda: "succeeded" in log.read_text(), "the first task")
+        eventually(lambda: log.read_text().count("succeeded") == 2, "the countdown task")
+    except AssertionError:
+        raise AssertionError(explain(workers)) from None
+    results = re.findall(r"succeeded in [0-9.e-]+s: (\d+)", log.read_text())
+    assert sorted(results) == ["5", "9"]
+    ping = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tasks", "inspect", "ping", "-t", "5"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=WAIT,
+    )
+    assert b"pong" in ping.stdout, ping.stdout.decode() + ping.stderr.decode()
+    worker.stop()
+    assert proc.returncode == 0, explain(workers)
