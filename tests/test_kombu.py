@@ -263,16 +263,6 @@ class Worker:
 
 
 @pytest.fixture
-def workers() -> Iterator[list[Worker]]:
-    made: list[Worker] = []
-    yield made
-    for worker in made:  # never leave a process behind, whatever happened
-        if worker.proc.poll() is None:
-            worker.proc.kill()
-            worker.proc.wait(timeout=WAIT)
-
-
-@pytest.fixture
 def out(tmp_path: Path) -> Path:
     folder = tmp_path / "traces"
     folder.mkdir()
