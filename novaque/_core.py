@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import os
 import secrets
 import threading
 import time
@@ -53,6 +54,22 @@ def _flush_at_exit() -> None:
                 "novaque could not flush its counters at exit (they are lost): %s",
                 _validate.error_text(exc),
             )
+
+
+def _forget_parent_counters() -> None:
+    """In a forked child: the counters buffered so far are the parent's to flush.
+
+    Without this a child of a pre-forking server (Celery's prefork pool,
+    gunicorn with ``--preload``) would flush them again at its exit, on the
+    parent's connections.
+    """
+    for client in list(_unflushed):
+        client._stats.forget()
+    _unflushed.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_parent_counters)
 
 
 T = TypeVar("T")

@@ -239,6 +239,20 @@ class RuntimeClient(CoreClient):
         """Release leased, unstarted deliveries at once; their attempt is not counted."""
         return self._run_timed("", consume.release, msgs)
 
+    def release(self, msgs: Sequence[Message]) -> int:
+        """Give leased deliveries back at once, without counting their attempt.
+
+        For a consumer of its own that claimed more than it will handle (a
+        prefetch buffer given back at shutdown): the deliveries are due again
+        at once and their ``attempts`` are as before the claim. Messages whose
+        lease is no longer current are left alone (no :class:`LeaseLost`);
+        returns how many were released. Use :meth:`requeue` for a message
+        that was worked on.
+        """
+        if not msgs:
+            return 0
+        return self._release(msgs)
+
     # -- wake-ups -------------------------------------------------------------------
 
     def _wake_all(self) -> None:

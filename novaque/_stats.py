@@ -56,6 +56,12 @@ class StatsBuffer:
                 for i, value in enumerate(values):
                     bucket[i] += value
 
+    def forget(self) -> None:
+        """Drop every delta without the lock: for a forked child, where another
+        thread of the parent may have held the lock at the fork."""
+        self._lock = threading.Lock()
+        self._deltas.clear()
+
     def __bool__(self) -> bool:
         with self._lock:
             return bool(self._deltas)

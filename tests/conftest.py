@@ -326,6 +326,18 @@ def client(request: pytest.FixtureRequest, backend: Backend, clock: FakeClock) -
     return backend.client(clock=clock)
 
 
+@pytest.fixture
+def workers() -> Iterator[list[Any]]:
+    """Worker processes a test starts (anything with a ``proc``: a ``Popen``);
+    whatever is still running at the end is killed, whatever happened."""
+    made: list[Any] = []
+    yield made
+    for worker in made:
+        if worker.proc.poll() is None:
+            worker.proc.kill()
+            worker.proc.wait(timeout=60)
+
+
 def kill_other_sessions(backend: Backend) -> int:
     """End every other server session on the test database; how many were ended."""
     admin = sa.create_engine(backend.url, poolclass=sa.NullPool)

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -81,16 +81,6 @@ def go(workers: list[Worker]) -> None:
     )
     assert all(w.proc.poll() is None for w in workers), "a worker died before starting"
     (workers[0].out.parent / "go").touch()
-
-
-@pytest.fixture
-def workers() -> Iterator[list[Worker]]:
-    made: list[Worker] = []
-    yield made
-    for worker in made:  # never leave a process behind, whatever happened
-        if worker.proc.poll() is None:
-            worker.proc.kill()
-            worker.proc.wait(timeout=WAIT)
 
 
 def test_sigkill_mid_handler_loses_nothing(
