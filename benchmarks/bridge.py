@@ -38,7 +38,11 @@ from benchmarks._common import body
 from benchmarks._databases import BACKENDS, Database
 from novaque import schema
 
-ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgres": "postgresql+psycopg", "mysql": "mysql+asyncmy"}
+ASYNC_DRIVERS = {
+    "sqlite": "sqlite+aiosqlite",
+    "postgres": "postgresql+psycopg",
+    "mysql": "mysql+asyncmy",
+}
 TOPIC, CHANNEL = "bridge", "c"
 
 Step = Callable[[int], Awaitable[None]]
@@ -185,9 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         ref = got["sync"]
         for name, figures in got.items():
             pub, cons = figures["publish"], figures["claim+ack"]
-            cons_cells = (
-                f"{cons:,.0f} | {cons / ref['claim+ack']:.2f}" if cons else "- | -"
-            )
+            cons_cells = f"{cons:,.0f} | {cons / ref['claim+ack']:.2f}" if cons else "- | -"
             print(
                 f"| {backend} | {name} | {pub:,.0f} | {pub / ref['publish']:.2f} | {cons_cells} |"
             )

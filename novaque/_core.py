@@ -105,6 +105,15 @@ class CoreClient:
                 f"Client needs a SQLAlchemy Engine, got {type(engine).__name__}"
                 + _validate.async_hint(engine)
             )
+        if engine.dialect.is_async != self._executor_type.asynchronous:
+            raise TypeError(
+                f"the engine's driver {engine.dialect.driver} is "
+                + (
+                    "asyncio's: use novaque.aio.AsyncClient with its AsyncEngine"
+                    if engine.dialect.is_async
+                    else "not an asyncio one: novaque.aio.AsyncClient needs one"
+                )
+            )
         self.options = options if options is not None else Options()
         if not isinstance(self.options, Options):
             raise TypeError(f"options must be novaque.Options, got {type(options).__name__}")

@@ -58,6 +58,9 @@ _write_locks_guard = threading.Lock()
 class SyncExecutor:
     """Runs novaque's own transactions on ``engine`` for ``dialect``'s database."""
 
+    #: Whether it runs on an asyncio driver, inside the greenlet bridge.
+    asynchronous = False
+
     def __init__(self, engine: sa.Engine, dialect: Dialect) -> None:
         #: The engine novaque runs its own transactions on.
         self.engine = engine
@@ -141,6 +144,8 @@ class SyncExecutor:
 class AsyncExecutor(SyncExecutor):
     """:class:`SyncExecutor` for an ``AsyncEngine``'s ``sync_engine``, run inside
     SQLAlchemy's greenlet bridge: its waits are awaited on the event loop."""
+
+    asynchronous = True
 
     def __init__(self, engine: sa.Engine, dialect: Dialect) -> None:
         super().__init__(engine, dialect)

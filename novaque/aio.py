@@ -294,6 +294,7 @@ class AsyncClient:
     ack_many = _bridged(Client.ack_many)
     requeue = _bridged(Client.requeue)
     reject = _bridged(Client.reject)
+    release = _bridged(Client.release)
     renew = _bridged(Client.renew)
     run_maintenance = _bridged(Client.run_maintenance)
     reap_leases = _bridged(Client.reap_leases)

@@ -9,6 +9,7 @@ import sqlalchemy as sa
 from novaque import dialects
 from novaque._operate import OperatingClient
 from novaque._runtime import RuntimeClient
+from novaque.errors import InvalidOption
 from novaque.options import Options
 
 __all__ = ["Client", "connect"]
@@ -87,6 +88,14 @@ def connect(url: str | sa.URL, **option_fields: Any) -> Client:
     """
     options = Options(**option_fields)
     pool_size = max(5, options.max_in_flight + 4)
-    client = Client(dialects.create_engine(url, pool_size=pool_size), options)
+    engine = dialects.create_engine(url, pool_size=pool_size)
+    if engine.dialect.is_async:
+        engine.dispose()
+        raise InvalidOption(
+            f"{engine.url.drivername}:// is an asyncio driver: use novaque.aio.connect "
+            "for novaque.aio.AsyncClient, or a sync driver (postgresql+psycopg://, "
+            "mysql+pymysql://, sqlite:///) here"
+        )
+    client = Client(engine, options)
     client._owns_engine = True  # closed by client.shutdown()
     return client

@@ -415,3 +415,13 @@ def test_a_sync_client_in_a_thread_beside_the_loop_shares_the_database(
         assert delivery_rows(backend) == []
 
     run(backend, body)
+
+
+def test_an_asyncio_driver_given_to_the_sync_side_names_novaque_aio(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'a.db'}"
+    with pytest.raises(novaque.InvalidOption, match=r"asyncio driver: use novaque\.aio\.connect"):
+        novaque.connect(url)
+    engine = create_async_engine(url)
+    with pytest.raises(TypeError, match=r"aiosqlite is asyncio's: use novaque\.aio\.AsyncClient"):
+        novaque.Client(engine.sync_engine)  # the sync face of an AsyncEngine
+    asyncio.run(engine.dispose())
