@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import inspect
 import random
 import threading
 import time
@@ -120,13 +119,7 @@ class RuntimeClient(CoreClient):
         """
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
-        if not callable(handler):
-            raise TypeError(f"handler must be callable, got {type(handler).__name__}")
-        if inspect.iscoroutinefunction(handler):
-            raise TypeError(
-                "handler is an async function: the sync client runs handlers on threads; "
-                "give it a plain function"
-            )
+        _validate.handler(handler)
         workers = check_int(
             self.options.max_in_flight if max_in_flight is None else max_in_flight,
             "max_in_flight",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -55,6 +56,17 @@ def name(value: object, kind: str) -> str:
             f"invalid {kind} name {shown!r}: use 1-200 characters of A-Z a-z 0-9 . _ : -"
         )
     return value
+
+
+def handler(value: object) -> None:
+    """Raise :class:`TypeError` unless ``value`` is a plain (not async) callable."""
+    if not callable(value):
+        raise TypeError(f"handler must be callable, got {type(value).__name__}")
+    if inspect.iscoroutinefunction(value):
+        raise TypeError(
+            "handler is an async function: the sync client runs handlers on threads; "
+            "give it a plain function"
+        )
 
 
 def body(value: object, max_bytes: int) -> bytes:
