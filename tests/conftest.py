@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import os
 import secrets
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,7 @@ import sqlalchemy as sa
 
 import novaque
 from novaque import _core, schema
+from novaque.testing import FakeClock
 
 BACKENDS = ("sqlite", "postgres", "mysql")
 ENV = {"postgres": "NOVAQUE_TEST_POSTGRES_URL", "mysql": "NOVAQUE_TEST_MYSQL_URL"}
@@ -65,27 +64,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if any(reason.startswith(NOT_TESTED.format(name=name)) for name in ENV):
             report.longrepr = (__file__, None, reason)
     return report
-
-
-class FakeClock:
-    """An injectable clock: starts at the real time and moves only when told."""
-
-    def __init__(self, start: datetime | None = None) -> None:
-        self._now = start or datetime.now(timezone.utc)
-        self._lock = threading.Lock()
-
-    def __call__(self) -> datetime:
-        with self._lock:
-            return self._now
-
-    def advance(self, seconds: float = 0, **delta: float) -> datetime:
-        with self._lock:
-            self._now += timedelta(seconds=seconds, **delta)
-            return self._now
-
-    def set(self, moment: datetime) -> None:
-        with self._lock:
-            self._now = moment
 
 
 @dataclass

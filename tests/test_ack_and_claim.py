@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import novaque
-from tests.conftest import FakeClock
+from novaque.testing import FakeClock
 
 
 def setup(client: novaque.Client, n: int) -> tuple[list[int], int]:

@@ -9,7 +9,8 @@ import pytest
 
 import novaque
 from novaque import DeliveryInfo
-from tests.conftest import Backend, FakeClock
+from novaque.testing import FakeClock
+from tests.conftest import Backend
 
 
 def test_get_message_shows_each_live_delivery(client: novaque.Client, clock: FakeClock) -> None:

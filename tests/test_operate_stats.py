@@ -10,8 +10,9 @@ import pytest
 
 import novaque
 from novaque import Counters
+from novaque.testing import FakeClock
 from tests import _procs
-from tests.conftest import Backend, FakeClock
+from tests.conftest import Backend
 
 
 def test_scripted_sequence_yields_exact_counters(client: novaque.Client, clock: FakeClock) -> None:
