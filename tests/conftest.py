@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -245,6 +247,27 @@ def clock() -> FakeClock:
 def client(backend: Backend, clock: FakeClock) -> novaque.Client:
     """A client on the backend with the fake clock (closed by ``backend``)."""
     return backend.client(clock=clock)
+
+
+def run_pytest(
+    cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """pytest in a subprocess in ``cwd`` (quiet, no cache), as a project would run it.
+
+    ``env`` defaults to this process's environment without its ``PYTEST_*``
+    variables (so this run's options do not leak into the project's).
+    """
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def kill_other_sessions(backend: Backend) -> int:

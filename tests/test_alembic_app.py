@@ -136,7 +136,8 @@ def connection_recipe(env: str) -> str:
     in the online branch and (opening one, as some env.py files do) offline."""
     online = "        novaque.schema.upgrade(context)  # novaque's migrations, after yours"
     offline = "    novaque.schema.upgrade(context)  # novaque's DDL, printed after yours"
-    assert online in env and offline in env
+    assert online in env
+    assert offline in env
     env = env.replace(online, "        novaque.schema.upgrade(connection)")
     return env.replace(
         offline,

@@ -10,17 +10,14 @@ test_testing_example_is_a_passing_pytest_project below).
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 import novaque
-from tests.conftest import Backend
+from tests.conftest import Backend, run_pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"```python\n(.*?)```", re.S)
@@ -90,16 +87,7 @@ def test_testing_example_is_a_passing_pytest_project(tmp_path: Path) -> None:
     files = {marker(b).removeprefix("file: "): b for b in blocks("docs/guide.md")}
     for name in ("orders.py", "test_orders.py"):
         (tmp_path / name).write_text(files[name])
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-W", "error"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = run_pytest(tmp_path, "-W", "error")
     assert done.returncode == 0, done.stdout + done.stderr
     tests = files["test_orders.py"].count("\ndef test_")
     assert tests == 4

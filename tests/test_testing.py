@@ -9,9 +9,6 @@ beside the suite's own ``client`` and ``clock``) and in a pytest run of its own.
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
 import textwrap
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -21,7 +18,7 @@ import pytest
 
 import novaque
 from novaque.testing import FakeClock, drain, make_message
-from tests.conftest import Backend
+from tests.conftest import Backend, run_pytest
 
 WAIT = 60.0  # deadline of a wait on a consumer's threads
 
@@ -370,22 +367,9 @@ def test_the_consumer_was_stopped():
 """
 
 
-def run_pytest(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
 def test_installing_novaque_gives_a_project_the_fixtures(tmp_path: Path) -> None:
     (tmp_path / "test_project.py").write_text(textwrap.dedent(PROJECT_TESTS))
-    done = run_pytest(tmp_path, "-p", "no:randomly")
+    done = run_pytest(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "5 passed" in done.stdout, done.stdout
 
