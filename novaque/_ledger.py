@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 import sqlalchemy as sa
 
@@ -24,6 +25,8 @@ __all__ = ["SETTLE_MAX_FAILURES", "Ledger", "Outcome", "key", "split_failed", "t
 SETTLE_MAX_FAILURES = 30
 
 Key = tuple[int, str]  # (delivery id, lease token)
+#: What a handler's result means (see :func:`novaque._settle.outcome_of`).
+Kind = Literal["ack", "retry", "reject"]
 
 
 def key(msg: Message) -> Key:
@@ -34,7 +37,7 @@ def key(msg: Message) -> Key:
 class Outcome:
     """A handler's result, waiting to be written."""
 
-    kind: str  # "ack" | "retry" | "reject"
+    kind: Kind
     msg: Message
     text: str | None = None  # last error (retry) or reason (reject)
     delay: float = 0.0  # retry delay in seconds

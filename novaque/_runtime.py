@@ -155,9 +155,7 @@ class RuntimeClient(CoreClient):
         down with the client from now on."""
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
-        if not callable(handler):
-            raise TypeError(f"handler must be callable, got {type(handler).__name__}")
-        self._waits.check_handler(handler)
+        _validate.handler(handler, self._waits)
         workers = check_int(
             self.options.max_in_flight if max_in_flight is None else max_in_flight,
             "max_in_flight",

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from datetime import date, datetime
 
 from novaque._time import US
+from novaque._waits import THREADS, Waits
 from novaque.errors import InvalidName, InvalidOption, MessageTooLarge
 from novaque.options import (
     MAX_ATTEMPTS,
@@ -55,6 +56,14 @@ def name(value: object, kind: str) -> str:
             f"invalid {kind} name {shown!r}: use 1-200 characters of A-Z a-z 0-9 . _ : -"
         )
     return value
+
+
+def handler(value: object, waits: Waits = THREADS) -> None:
+    """Raise :class:`TypeError` unless ``value`` is a callable that ``waits`` can
+    run: a plain function on threads, an ``async def`` on the asyncio twin."""
+    if not callable(value):
+        raise TypeError(f"handler must be callable, got {type(value).__name__}")
+    waits.check_handler(value)
 
 
 def body(value: object, max_bytes: int) -> bytes:

@@ -28,7 +28,6 @@ is delivered again once the lease expires, instead of being held forever.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import threading
@@ -39,10 +38,11 @@ from typing import Protocol
 
 from novaque import _validate
 from novaque._ledger import Ledger, Outcome, split_failed
+from novaque._settle import buries, outcome_of, write
 from novaque._signals import Signals
 from novaque._time import US
 from novaque._waits import Runner, Waits
-from novaque.errors import LeaseLost, Reject, SchemaOutOfDate
+from novaque.errors import LeaseLost, SchemaOutOfDate
 from novaque.models import Message
 from novaque.options import Backoff
 
@@ -76,6 +76,8 @@ class ConsumerHost(Protocol):
         limit: int,
         lease_s: float,
     ) -> tuple[list[Message], list[Message]]: ...
+
+    def ack(self, msg: Message) -> None: ...
 
     def ack_many(self, msgs: list[Message]) -> list[Message]: ...
 
@@ -431,30 +433,7 @@ class Consumer:
                 )
 
     def _handle(self, msg: Message) -> Outcome:
-        try:
-            self._waits.call_handler(self.handler, msg)
-        except asyncio.CancelledError:
-            raise  # the task is being cancelled (its event loop closing): not a result
-        except Reject as exc:
-            self._log.info(
-                "message %d rejected by the handler of %s/%s", msg.id, self.topic, self.channel
-            )
-            reason = exc.reason
-            return Outcome("reject", msg, reason if isinstance(reason, str) else str(reason))
-        except BaseException as exc:
-            text = _validate.error_text(exc)
-            self._log.warning(
-                "handler of %s/%s failed on message %d (attempt %d of %d): %s",
-                self.topic,
-                self.channel,
-                msg.id,
-                msg.attempts,
-                msg.max_attempts,
-                text,
-                exc_info=exc,
-            )
-            return Outcome("retry", msg, text, self.backoff.delay(msg.attempts))
-        return Outcome("ack", msg)
+        return outcome_of(self.handler, msg, backoff=self.backoff, log=self._log, waits=self._waits)
 
     # -- settling ---------------------------------------------------------------------
 
@@ -556,18 +535,14 @@ class Consumer:
             if outcome.kind == "ack":
                 continue
             try:
-                if outcome.kind == "retry":
-                    self._client._retry(outcome.msg, outcome.delay, outcome.text)
-                else:
-                    self._client.reject(outcome.msg, outcome.text or "")
+                write(self._client, outcome)
             except LeaseLost:
                 self._lease_lost_on_settle(outcome)
             except Exception as exc:
                 failed.extend(self._settle_failed([outcome], exc))
             else:
                 self._settled(outcome.msg)
-                dead = outcome.kind == "reject" or outcome.msg.attempts >= outcome.msg.max_attempts
-                self._signals.bump("dead" if dead else "retried")
+                self._signals.bump("dead" if buries(outcome) else "retried")
         return failed
 
     def _settle_failed(self, outcomes: list[Outcome], exc: Exception) -> list[Outcome]:

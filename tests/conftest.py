@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import os
 import secrets
-import threading
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ import sqlalchemy as sa
 
 import novaque
 from novaque import _core, schema
+from novaque.testing import FakeClock
 from tests import _twin
 
 BACKENDS = ("sqlite", "postgres", "mysql")
@@ -66,27 +67,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if any(reason.startswith(NOT_TESTED.format(name=name)) for name in ENV):
             report.longrepr = (__file__, None, reason)
     return report
-
-
-class FakeClock:
-    """An injectable clock: starts at the real time and moves only when told."""
-
-    def __init__(self, start: datetime | None = None) -> None:
-        self._now = start or datetime.now(timezone.utc)
-        self._lock = threading.Lock()
-
-    def __call__(self) -> datetime:
-        with self._lock:
-            return self._now
-
-    def advance(self, seconds: float = 0, **delta: float) -> datetime:
-        with self._lock:
-            self._now += timedelta(seconds=seconds, **delta)
-            return self._now
-
-    def set(self, moment: datetime) -> None:
-        with self._lock:
-            self._now = moment
 
 
 @dataclass
@@ -336,6 +316,27 @@ def workers() -> Iterator[list[Any]]:
         if worker.proc.poll() is None:
             worker.proc.kill()
             worker.proc.wait(timeout=60)
+
+
+def run_pytest(
+    cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """pytest in a subprocess in ``cwd`` (quiet, no cache), as a project would run it.
+
+    ``env`` defaults to this process's environment without its ``PYTEST_*``
+    variables (so this run's options do not leak into the project's).
+    """
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def kill_other_sessions(backend: Backend) -> int:

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 import novaque
-from tests.conftest import FakeClock
+from novaque.testing import FakeClock
 
 pytestmark = pytest.mark.usefixtures("twin")
 

@@ -10,7 +10,8 @@ import pytest
 
 import novaque
 from novaque.admin import create_app
-from tests.conftest import Backend, FakeClock
+from novaque.testing import FakeClock
+from tests.conftest import Backend
 from tests.wsgi import WSGIClient
 
 XSS_BODY = '<img src=x onerror="alert(1)">&'

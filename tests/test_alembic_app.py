@@ -59,7 +59,15 @@ def guide_ini_lines() -> list[str]:
 class App:
     """An application's Alembic project on one database."""
 
-    def __init__(self, root: Path, url: str, *, branch: bool, pythonpath: str = str(ROOT)):
+    def __init__(
+        self,
+        root: Path,
+        url: str,
+        *,
+        branch: bool,
+        pythonpath: str = str(ROOT),
+        connection: bool = False,
+    ):
         self.root, self.url = root, url
         (root / "migrations" / "versions").mkdir(parents=True)
         (root / "myapp").mkdir()
@@ -68,6 +76,8 @@ class App:
         env = guide_env()
         if branch:  # the branch recipe: the same env.py without novaque's line
             env = "\n".join(line for line in env.splitlines() if "schema.upgrade" not in line)
+        if connection:  # the older recipe: novaque.schema.upgrade(connection)
+            env = connection_recipe(env)
         (root / "migrations" / "env.py").write_text(env)
         (root / "migrations" / "script.py.mako").write_text(
             (ROOT / "migrations" / "script.py.mako").read_text()
@@ -121,14 +131,46 @@ class App:
         return text
 
 
+def connection_recipe(env: str) -> str:
+    """The guide's env.py with the connection passed instead of ``context``,
+    in the online branch and (opening one, as some env.py files do) offline."""
+    online = "        novaque.schema.upgrade(context)  # novaque's migrations, after yours"
+    offline = "    novaque.schema.upgrade(context)  # novaque's DDL, printed after yours"
+    assert online in env
+    assert offline in env
+    env = env.replace(online, "        novaque.schema.upgrade(connection)")
+    return env.replace(
+        offline,
+        "    live = engine_from_config(config.get_section(config.config_ini_section, {}), "
+        'prefix="sqlalchemy.", poolclass=pool.NullPool)\n'
+        "    with live.connect() as connection:\n"
+        "        novaque.schema.upgrade(connection)\n"
+        "    live.dispose()",
+    )
+
+
+def snapshot(url: str) -> dict[str, list[tuple[object, ...]]]:
+    """Every row of every table of the database (to show a command changed nothing)."""
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            found: dict[str, list[tuple[object, ...]]] = {}
+            for name in sorted(sa.inspect(conn).get_table_names()):
+                table = sa.Table(name, sa.MetaData(), autoload_with=conn)
+                found[name] = sorted((tuple(row) for row in conn.execute(table.select())), key=repr)
+            return found
+    finally:
+        engine.dispose()
+
+
 def check_client(backend: Backend, url: str) -> None:
     """A client accepts the schema, and migrate() then applies nothing."""
     engine = backend.engine(url)
     client = novaque.Client(engine)
     assert client.list_topics() == []
-    before = set(sa.inspect(engine).get_table_names())
+    before = snapshot(url)
     client.migrate()  # a no-op: the tables exist, in either recipe
-    assert set(sa.inspect(engine).get_table_names()) == before
+    assert snapshot(url) == before  # no table, no row, no version written
     client.publish("orders", b"x")
     assert client.list_topics() == ["orders"]
 
@@ -150,9 +192,12 @@ def test_env_py_recipe_upgrades_both_and_read_only_commands_run_no_ddl(
     out = app.alembic("upgrade", "head", "--sql").stdout
     assert_offline_sql(out, heads=False)
     assert app.tables() == set()  # offline touched nothing
-    app.alembic("upgrade", "head")
+    app.alembic("upgrade", "heads")  # one application head: the same as `head`
     assert app.tables() >= {"things", "alembic_version", schema.VERSION_TABLE, *NOVAQUE_TABLES}
     assert app.versions() == {"a1"}
+    before = snapshot(app.url)
+    assert_offline_sql(app.alembic("upgrade", "head", "--sql").stdout, heads=False)
+    assert snapshot(app.url) == before  # offline on a migrated database: still nothing
     app.alembic("check")  # novaque's tables are not the application's business
     app.alembic("revision", "--autogenerate", "-m", "probe")
     assert "novaque" not in app.generated("probe")  # nothing proposed about novaque
@@ -182,6 +227,29 @@ def test_env_py_recipe_autogenerate_on_a_fresh_database_runs_no_novaque_ddl(
         novaque.Client(backend.engine(app.url)).list_topics()
 
 
+def test_connection_recipe_is_offline_safe_and_upgrades_both(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """``novaque.schema.upgrade(connection)``: the same rules as with ``context``,
+    even from an offline branch that opens a connection to the live database."""
+    app = App(tmp_path / "app", backend.scratch_url(tmp_path), branch=False, connection=True)
+    assert "novaque.schema.upgrade(context)" not in (app.root / "migrations" / "env.py").read_text()
+    out = app.alembic("upgrade", "head", "--sql").stdout
+    assert_offline_sql(out, heads=False)
+    assert app.tables() == set()  # the open connection was not used
+    app.alembic("stamp", "head")
+    app.alembic("revision", "--autogenerate", "-m", "probe")
+    assert "novaque" not in app.generated("probe")
+    assert app.tables() == {"alembic_version"}  # stamp and autogenerate: no novaque DDL
+    app.alembic("stamp", "base")
+    app.alembic("upgrade", "heads")
+    assert app.tables() >= {"things", "alembic_version", schema.VERSION_TABLE, *NOVAQUE_TABLES}
+    before = snapshot(app.url)
+    app.alembic("upgrade", "head", "--sql")
+    assert snapshot(app.url) == before
+    check_client(backend, app.url)
+
+
 def test_branch_recipe_upgrade_heads_applies_both(backend: Backend, tmp_path: Path) -> None:
     app = App(tmp_path / "app", backend.scratch_url(tmp_path), branch=True)
     assert f"{schema.version_location()}" == str(ROOT / "migrations" / "versions")
@@ -199,6 +267,9 @@ def test_branch_recipe_upgrade_heads_applies_both(backend: Backend, tmp_path: Pa
     assert app.tables() >= {"things", "alembic_version", *NOVAQUE_TABLES}
     assert app.versions() == {"a1", novaque._migrate.head()}
     assert "(novaque)" in app.alembic("heads").stdout  # the branch label
+    before = snapshot(app.url)
+    assert_offline_sql(app.alembic("upgrade", "heads", "--sql").stdout, heads=True)
+    assert snapshot(app.url) == before  # offline on a migrated database: still nothing
     app.alembic("check")
     app.alembic("revision", "--autogenerate", "--head", "myapp@head", "-m", "probe")
     assert "novaque" not in app.generated("probe")

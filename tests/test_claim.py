@@ -9,7 +9,8 @@ import sqlalchemy as sa
 
 import novaque
 from novaque.schema import deliveries, messages
-from tests.conftest import Backend, FakeClock
+from novaque.testing import FakeClock
+from tests.conftest import Backend
 
 pytestmark = pytest.mark.usefixtures("twin")
 

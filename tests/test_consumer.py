@@ -19,7 +19,8 @@ import sqlalchemy as sa
 
 import novaque
 from novaque.schema import STATE_DEAD, STATE_LEASED, STATE_READY, deliveries
-from tests.conftest import Backend, FakeClock
+from novaque.testing import FakeClock
+from tests.conftest import Backend
 
 pytestmark = pytest.mark.usefixtures("twin")
 

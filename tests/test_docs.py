@@ -4,7 +4,8 @@ Blocks without a marker run in order, in one namespace, on SQLite in a fresh
 folder. ``# backend: postgres`` / ``# backend: mysql`` blocks run against the
 test server (the example URL swapped for the server's). ``# file: NAME``
 blocks are files that a test builds a project around (``# file: env.py``:
-tests/test_alembic_app.py).
+tests/test_alembic_app.py; the pytest project of "Testing your handlers":
+test_testing_example_is_a_passing_pytest_project below).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 import novaque
-from tests.conftest import Backend
+from tests.conftest import Backend, run_pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"```python\n(.*?)```", re.S)
@@ -78,3 +79,16 @@ def test_server_examples_run(backend: Backend) -> None:
         client = namespace["client"]
         assert client.list_topics() == ["audit"]  # type: ignore[attr-defined]
         client.engine.dispose()  # type: ignore[attr-defined]
+
+
+def test_testing_example_is_a_passing_pytest_project(tmp_path: Path) -> None:
+    """The guide's pytest example, as a project of its own: novaque's plugin is
+    found through its entry point, and every test of the example passes."""
+    files = {marker(b).removeprefix("file: "): b for b in blocks("docs/guide.md")}
+    for name in ("orders.py", "test_orders.py"):
+        (tmp_path / name).write_text(files[name])
+    done = run_pytest(tmp_path, "-W", "error")
+    assert done.returncode == 0, done.stdout + done.stderr
+    tests = files["test_orders.py"].count("\ndef test_")
+    assert tests == 4
+    assert f"{tests} passed" in done.stdout, done.stdout

@@ -19,7 +19,8 @@ from sqlalchemy.orm import Session
 import novaque
 from novaque import _core
 from novaque.schema import deliveries, messages
-from tests.conftest import Backend, FakeClock
+from novaque.testing import FakeClock
+from tests.conftest import Backend
 
 pytestmark = pytest.mark.usefixtures("twin")
 

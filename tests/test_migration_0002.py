@@ -9,7 +9,8 @@ import sqlalchemy as sa
 
 import novaque
 from novaque import _migrate
-from tests.conftest import Backend, FakeClock
+from novaque.testing import FakeClock
+from tests.conftest import Backend
 
 
 def _fill_0001(engine: sa.Engine, now_us: int) -> None:

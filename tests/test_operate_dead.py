@@ -9,7 +9,8 @@ import pytest
 
 import novaque
 from novaque import Backlog
-from tests.conftest import Backend, FakeClock
+from novaque.testing import FakeClock
+from tests.conftest import Backend
 
 pytestmark = pytest.mark.usefixtures("twin")
 

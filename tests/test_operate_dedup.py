@@ -11,8 +11,9 @@ import sqlalchemy as sa
 
 import novaque
 from novaque.schema import deliveries, messages
+from novaque.testing import FakeClock
 from tests import _procs
-from tests.conftest import Backend, FakeClock
+from tests.conftest import Backend
 
 pytestmark = pytest.mark.usefixtures("twin")
 

@@ -25,7 +25,8 @@ from novaque.schema import (
     deliveries,
     messages,
 )
-from tests.conftest import Backend, FakeClock
+from novaque.testing import FakeClock
+from tests.conftest import Backend
 
 CHANNELS = 20
 MESSAGES = 200

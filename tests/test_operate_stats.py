@@ -10,8 +10,9 @@ import pytest
 
 import novaque
 from novaque import Counters
+from novaque.testing import FakeClock
 from tests import _procs
-from tests.conftest import Backend, FakeClock
+from tests.conftest import Backend
 
 pytestmark = pytest.mark.usefixtures("twin")
 

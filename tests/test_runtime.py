@@ -11,7 +11,8 @@ import sqlalchemy as sa
 
 import novaque
 from novaque.schema import STATE_DEAD, messages, stats
-from tests.conftest import Backend, FakeClock
+from novaque.testing import FakeClock
+from tests.conftest import Backend
 from tests.test_consumer import WAIT, Recorder, rows, waited
 
 pytestmark = pytest.mark.usefixtures("twin")

@@ -21,7 +21,8 @@ import sqlalchemy as sa
 import novaque
 from novaque import _ledger
 from novaque.schema import STATE_LEASED, deliveries
-from tests.conftest import Backend, FakeClock
+from novaque.testing import FakeClock
+from tests.conftest import Backend
 
 pytestmark = pytest.mark.usefixtures("twin")
 

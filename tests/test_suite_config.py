@@ -5,23 +5,16 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
+
+from tests.conftest import run_pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def pytest_run(target: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """The suite on ``target`` in a subprocess, as ``make test`` runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", target],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_pytest(ROOT, target, env=env, timeout=120)
 
 
 def test_an_unreachable_configured_server_fails_instead_of_skipping() -> None:
