@@ -60,9 +60,6 @@ class Runner(Protocol):
 class Waits(Protocol):
     """Makes the runtime's events, conditions and loops, and calls handlers."""
 
-    #: Shown in messages: ``"Client"`` or ``"AsyncClient"``.
-    client_name: str
-
     def event(self) -> Event: ...
 
     def condition(self, lock: threading.Lock) -> Condition: ...
@@ -95,8 +92,6 @@ class _Thread(threading.Thread):
 
 
 class _Threads:
-    client_name = "Client"
-
     def event(self) -> Event:
         return threading.Event()
 
@@ -229,8 +224,6 @@ class _Task:
 
 
 class _Tasks:
-    client_name = "AsyncClient"
-
     def event(self) -> Event:
         return _TaskEvent()
 
