@@ -425,3 +425,32 @@ def test_an_asyncio_driver_given_to_the_sync_side_names_novaque_aio(tmp_path: Pa
     with pytest.raises(TypeError, match=r"aiosqlite is asyncio's: use novaque\.aio\.AsyncClient"):
         novaque.Client(engine.sync_engine)  # the sync face of an AsyncEngine
     asyncio.run(engine.dispose())
+
+
+def test_drain_awaits_an_async_handler_with_the_consumers_rules(backend: Backend) -> None:
+    from novaque.testing import drain
+
+    async def body(client: novaque.aio.AsyncClient, engine: AsyncEngine) -> None:
+        seen: list[tuple[bytes, int]] = []
+
+        async def handler(msg: novaque.Message) -> None:
+            seen.append((msg.body, msg.attempts))
+            await asyncio.sleep(0)
+            if msg.body == b"bad":
+                raise novaque.Reject("no")
+            if msg.attempts == 1:
+                raise ValueError("once")
+
+        await client.ensure_channel("t", "c")
+        await client.publish_many("t", [b"ok", b"bad"])
+        assert await drain(client, "t", "c", handler) == 3  # ok twice (retried at once), bad
+        assert sorted(seen) == [(b"bad", 1), (b"ok", 1), (b"ok", 2)]
+        assert [d.reason for d in await client.list_dead("t", "c")] == ["no"]
+
+        def plain(msg: novaque.Message) -> None:
+            pass
+
+        with pytest.raises(TypeError, match="async def"):
+            drain(client, "t", "c", plain)  # type: ignore[call-overload]
+
+    run(backend, body, backoff=novaque.Backoff(base=0))

@@ -244,7 +244,9 @@ def test_drain_refuses_bad_input(client: novaque.Client) -> None:
         drain(client, "orders", "mailer", handler)
     with pytest.raises(TypeError, match="handler must be callable"):
         drain(client, "orders", "mailer", "not a handler")  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=r"needs a novaque\.Client, got Engine"):
+    with pytest.raises(
+        TypeError, match=r"needs a novaque\.Client or novaque\.aio\.AsyncClient, got Engine"
+    ):
         drain(client.engine, "orders", "mailer", Calls())  # type: ignore[arg-type]
     with pytest.raises(novaque.InvalidOption, match="limit must be >= 0"):
         drain(client, "orders", "mailer", Calls(), limit=-1)

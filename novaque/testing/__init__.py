@@ -5,7 +5,8 @@
 - :func:`make_message`: a :class:`~novaque.Message` for calling a handler
   directly, with every field defaulted.
 - :func:`drain`: run a handler on every due delivery of a channel, now, in
-  the calling thread, with the consumer's rules for what its result means.
+  the calling thread, with the consumer's rules for what its result means
+  (``await drain(...)`` with a :class:`novaque.aio.AsyncClient`).
 
 Installing novaque also installs a pytest plugin (:mod:`novaque.testing.plugin`)
 with the fixtures ``novaque_client`` (a client on a migrated SQLite database
@@ -18,15 +19,21 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+import sys
 import threading
+from collections.abc import Coroutine
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 from novaque import _settle, _validate
+from novaque._waits import TASKS, THREADS, Waits
 from novaque.client import Client
 from novaque.consumer import Handler
 from novaque.models import Message
 from novaque.options import check_int
+
+if TYPE_CHECKING:
+    from novaque.aio import AsyncClient, AsyncHandler
 
 __all__ = ["FakeClock", "drain", "make_message"]
 
@@ -139,14 +146,31 @@ def make_message(body: bytes | str = b"", **fields: Any) -> Message:
     return Message(**values)
 
 
+@overload
 def drain(
-    client: Client,
+    client: Client, topic: str, channel: str, handler: Handler, *, limit: int | None = None
+) -> int: ...
+
+
+@overload
+def drain(
+    client: AsyncClient,
     topic: str,
     channel: str,
-    handler: Handler,
+    handler: AsyncHandler,
     *,
     limit: int | None = None,
-) -> int:
+) -> Coroutine[Any, Any, int]: ...
+
+
+def drain(
+    client: Client | AsyncClient,
+    topic: str,
+    channel: str,
+    handler: Any,
+    *,
+    limit: int | None = None,
+) -> int | Coroutine[Any, Any, int]:
     """Run ``handler`` on every due delivery of ``topic``/``channel``, now, in
     this thread; return how many times it ran.
 
@@ -161,17 +185,34 @@ def drain(
     Nothing the handler raises escapes; ``drain`` returns when nothing is due
     or after ``limit`` runs of the handler (``None``: no limit).
 
+    With a :class:`novaque.aio.AsyncClient` and an ``async def`` handler it
+    returns a coroutine: ``ran = await drain(client, ...)``, the same rules.
+
     Raises :class:`~novaque.TopicNotFound` / :class:`~novaque.ChannelNotFound`
     for a channel that does not exist (``drain`` creates none: a message
     published before its channel existed was never delivered to it), and
     :class:`~novaque.LeaseLost` if the handler's delivery was settled (by the
     handler itself, say) or leased again before its result was written.
     """
-    if not isinstance(client, Client):
-        raise TypeError(f"drain() needs a novaque.Client, got {type(client).__name__}")
-    _validate.handler(handler)
     if limit is not None:
         check_int(limit, "limit", 0)
+    if isinstance(client, Client):
+        _validate.handler(handler)
+        return _drain(client, topic, channel, handler, limit, THREADS)
+    aio = sys.modules.get("novaque.aio")  # imported by whoever made an AsyncClient
+    if aio is not None and isinstance(client, aio.AsyncClient):
+        from sqlalchemy.util import greenlet_spawn
+
+        _validate.handler(handler, TASKS)
+        return greenlet_spawn(_drain, client._core, topic, channel, handler, limit, TASKS)
+    raise TypeError(
+        f"drain() needs a novaque.Client or novaque.aio.AsyncClient, got {type(client).__name__}"
+    )
+
+
+def _drain(
+    client: Client, topic: str, channel: str, handler: Any, limit: int | None, waits: Waits
+) -> int:
     backoff = client.options.backoff
     ran = 0
     while limit is None or ran < limit:
@@ -179,7 +220,7 @@ def drain(
         if not claimed:
             break
         (msg,) = claimed
-        outcome = _settle.outcome_of(handler, msg, backoff=backoff, log=client.log)
+        outcome = _settle.outcome_of(handler, msg, backoff=backoff, log=client.log, waits=waits)
         ran += 1
         _settle.write(client, outcome)
     return ran
