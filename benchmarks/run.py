@@ -9,9 +9,12 @@ and writes the same as JSON with every run's raw figures.
 Each backend gets a private database (created and dropped here; servers from
 ``NOVAQUE_BENCH_POSTGRES_URL`` / ``NOVAQUE_BENCH_MYSQL_URL``, default the local
 ones) or, for SQLite, a WAL file in a temporary directory. For each workload
-the floor and novaque alternate run by run on freshly emptied tables, and the
-median of the runs is reported. Every workload stops itself after
-``--timeout`` seconds (120) and reports the partial counts.
+the floor and novaque take turns (slice by slice, or run by run for W3 and
+W5), and the median of the runs is reported. W1a, W1b, W2 and W3 run for the
+asyncio twin too (``--clients``, default ``sync,aio``): a third side of the
+same turns, in a row of its own judged by its ratio to the floor over the
+sync client's. Every workload stops itself after ``--timeout`` seconds (120)
+and reports the partial counts.
 """
 
 from __future__ import annotations
