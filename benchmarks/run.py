@@ -9,14 +9,18 @@ and writes the same as JSON with every run's raw figures.
 Each backend gets a private database (created and dropped here; servers from
 ``NOVAQUE_BENCH_POSTGRES_URL`` / ``NOVAQUE_BENCH_MYSQL_URL``, default the local
 ones) or, for SQLite, a WAL file in a temporary directory. For each workload
-the floor and novaque alternate run by run on freshly emptied tables, and the
-median of the runs is reported. Every workload stops itself after
-``--timeout`` seconds (120) and reports the partial counts.
+the floor and novaque take turns (slice by slice, or run by run for W3 and
+W5), and the median of the runs is reported. W1a, W1b, W2 and W3 run for the
+asyncio twin too (``--clients``, default ``sync,aio``): a third side of the
+same turns, in a row of its own judged by its ratio to the floor over the
+sync client's. Every workload stops itself after ``--timeout`` seconds (120)
+and reports the partial counts.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -34,7 +38,6 @@ from benchmarks._common import (
     Deadline,
     Run,
     Sizes,
-    body,
     latency_summary,
     median,
 )
@@ -45,15 +48,23 @@ from benchmarks.floor import Floor
 WORKLOADS = ("W1a", "W1b", "W2", "W3", "W4", "W5", "W6")
 #: Workloads whose figure is measured against another workload's.
 NEEDS = {"W4": "W2", "W6": "W1b"}
+#: The twins: novaque.Client ("sync") and novaque.aio.AsyncClient ("aio").
+CLIENTS = ("sync", "aio")
+#: The workloads the asyncio twin runs too (W4-W6 have the sync client only).
+TWIN_WORKLOADS = ("W1a", "W1b", "W2", "W3")
+#: The twin's least ratio to the floor, as a share of the sync client's.
+TWIN_TARGET = 0.9
 
 
 @dataclass
 class Row:
-    """One line of the table: a workload on a backend, both sides' runs."""
+    """One line of the table: a workload on a backend for one twin, with the
+    floor's runs it was interleaved with."""
 
     workload: str
     backend: str
     unit: str  # "msg/s" or "ms"
+    client: str = "sync"  # "sync" (novaque.Client) or "aio" (novaque.aio.AsyncClient)
     novaque: list[Run] = field(default_factory=list)
     floor: list[Run] = field(default_factory=list)
     floor_label: str = ""  # what the floor column holds when it is not this workload
@@ -61,6 +72,7 @@ class Row:
     target: str = ""
     met: bool | None = None
     ratio: float | None = None
+    vs_sync: float | None = None  # the twin's ratio / the sync client's (aio rows)
     notes: list[str] = field(default_factory=list)
     error: str | None = None
 
@@ -83,6 +95,7 @@ class Row:
         out: dict[str, Any] = {
             "workload": self.workload,
             "backend": self.backend,
+            "client": self.client,
             "unit": self.unit,
             "ratio": None if self.ratio is None else round(self.ratio, 3),
             "figure": self.figure,
@@ -92,6 +105,8 @@ class Row:
             "novaque_runs": [r.to_json() for r in self.novaque],
             "floor_runs": [r.to_json() for r in self.floor],
         }
+        if self.vs_sync is not None:
+            out["twin_vs_sync"] = round(self.vs_sync, 3)
         if self.floor_label:
             out["floor_is"] = self.floor_label
         if self.unit == "ms":
@@ -150,8 +165,21 @@ class Progress:
 # -- per-backend run ------------------------------------------------------------------
 
 
+def _timed(fn: Callable[..., object], *args: Any) -> float:
+    """The seconds ``fn(*args)`` took."""
+    started = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - started
+
+
+def _rotated(sides: list[str], k: int) -> list[str]:
+    """The sides in turn for slice ``k``: the first of them changes every slice."""
+    k %= len(sides)
+    return sides[k:] + sides[:k]
+
+
 class BackendRun:
-    """All selected workloads on one backend."""
+    """All selected workloads on one backend, for the selected twins."""
 
     def __init__(
         self,
@@ -161,6 +189,9 @@ class BackendRun:
         runs: int,
         timeout: float,
         progress: Progress,
+        *,
+        clients: tuple[str, ...] = ("sync",),
+        twin: nq.AioSide | None = None,
     ) -> None:
         self.backend = backend
         self.selected = selected
@@ -168,6 +199,8 @@ class BackendRun:
         self.runs = runs
         self.timeout = timeout
         self.progress = progress
+        self.clients = clients
+        self.twin = twin
         self.rows: dict[str, Row] = {}
         self.info: dict[str, Any] = {"backend": backend}
 
@@ -179,6 +212,8 @@ class BackendRun:
                 n += 2 * self.runs * len(self.sizes.w5_procs)
             elif w == "W4":
                 n += 1 + 2 * self.runs
+            elif w == "W3":
+                n += (1 + len(self._clients(w))) * self.runs
             else:
                 n += 2 * self.runs
         return n
@@ -195,9 +230,12 @@ class BackendRun:
                 try:
                     getattr(self, f"_{workload.lower()}")()
                 except Exception as exc:
-                    row = self.rows.setdefault(workload, Row(workload, self.backend, "msg/s"))
-                    row.error = f"{type(exc).__name__}: {exc}"
-                    row.notes.append(traceback.format_exc())
+                    failed = [r for r in self.rows.values() if r.workload == workload]
+                    if not failed:
+                        failed = [self.rows.setdefault(workload, Row(workload, self.backend, "-"))]
+                    for row in failed:
+                        row.error = f"{type(exc).__name__}: {exc}"
+                        row.notes.append(traceback.format_exc())
         finally:
             db.drop()
         self._judge()
@@ -205,82 +243,125 @@ class BackendRun:
 
     # -- helpers ---------------------------------------------------------------------
 
+    def _clients(self, workload: str) -> tuple[str, ...]:
+        return self.clients if workload in TWIN_WORKLOADS else ("sync",)
+
+    def _rows(self, workload: str, unit: str) -> dict[str, Row]:
+        """The workload's rows, one per twin it runs for ("W2", "W2 aio")."""
+        rows = {}
+        for client in self._clients(workload):
+            key = workload if client == "sync" else f"{workload} {client}"
+            rows[client] = self.rows[key] = Row(workload, self.backend, unit, client=client)
+        return rows
+
+    def _side(self, client: str) -> nq.SyncSide:
+        if client == "sync":
+            return nq.SYNC
+        assert self.twin is not None, "the aio twin runs on BackendRun(twin=AioSide())"
+        return self.twin
+
+    @staticmethod
+    def _add_runs(rows: dict[str, Row], floor: Run | None, runs: dict[str, Run]) -> None:
+        """One run of every side: the floor's goes in each twin's row (the same run)."""
+        for client, row in rows.items():
+            if floor is not None:
+                row.floor.append(floor)
+            if client in runs:
+                row.novaque.append(runs[client])
+
+    def _stopped(self, rows: dict[str, Row], deadline: Deadline) -> None:
+        if deadline.passed():
+            for row in rows.values():
+                row.notes.append(f"stopped at the {self.timeout:.0f} s limit: partial counts")
+
     def _pairs(
         self,
-        row: Row,
+        rows: dict[str, Row],
         floor_run: Callable[[Deadline], Run] | None,
-        novaque_run: Callable[[Deadline], Run],
+        novaque_run: Callable[[nq.SyncSide, Deadline], Run],
     ) -> None:
-        """Alternate floor and novaque runs on emptied tables until done or timed out."""
+        """Alternate floor and novaque runs on emptied tables until done or timed out.
+
+        Each round runs the floor, then each twin of ``rows`` in turn.
+        """
         deadline = Deadline(self.timeout)
         for i in range(self.runs):
+            floor = None
+            workload = next(iter(rows.values())).workload
             if floor_run is not None:
-                self.progress.step(f"{self.backend} {row.workload} floor run {i + 1}/{self.runs}")
+                self.progress.step(f"{self.backend} {workload} floor run {i + 1}/{self.runs}")
                 if not deadline.passed():
                     self.db.reset()
-                    row.floor.append(floor_run(deadline))
-            self.progress.step(f"{self.backend} {row.workload} novaque run {i + 1}/{self.runs}")
-            if not deadline.passed():
-                self.db.reset()
-                row.novaque.append(novaque_run(deadline))
-        if deadline.passed():
-            row.notes.append(f"stopped at the {self.timeout:.0f} s limit: partial counts")
+                    floor = floor_run(deadline)
+            runs = {}
+            for client in rows:
+                label = "novaque" if client == "sync" else "novaque.aio"
+                self.progress.step(f"{self.backend} {workload} {label} run {i + 1}/{self.runs}")
+                if not deadline.passed():
+                    self.db.reset()
+                    runs[client] = novaque_run(self._side(client), deadline)
+            self._add_runs(rows, floor, runs)
+        self._stopped(rows, deadline)
 
     # -- workloads -------------------------------------------------------------------
 
     def _interleaved(
         self,
-        row: Row,
+        rows: dict[str, Row],
         n: int,
         slice_size: int,
         floor_step: Callable[[Any, list[bytes]], None],
-        novaque_step: Callable[[nq.Publisher, list[bytes]], None],
+        novaque_step: Callable[[nq.Publisher, list[bytes]], float],
         *,
         channels: int = 1,
     ) -> None:
-        """Publishing workloads: floor and novaque alternate slice by slice.
+        """Publishing workloads: the floor and each twin take turns slice by slice.
 
-        A shared machine's load changes from second to second; alternating
-        short slices (the first side swapping every slice) lets both sides
+        A shared machine's load changes from second to second; rotating short
+        slices (which side goes first changing every slice) lets every side
         meet the same conditions, which run-by-run alternation does not.
         """
         deadline = Deadline(self.timeout)
-        slices = [
-            [body(i) for i in range(s, min(n, s + slice_size))] for s in range(0, n, slice_size)
-        ]
+        slices = list(nq.batches(n, slice_size))
+        workload = next(iter(rows.values())).workload
         for i in range(self.runs):
-            self.progress.step(f"{self.backend} {row.workload} run {i + 1}/{self.runs}", 2)
+            self.progress.step(f"{self.backend} {workload} run {i + 1}/{self.runs}", 2)
             if deadline.passed():
                 break
             self.db.reset()
             conn = self.floor.connect()
-            pub = nq.Publisher(self.db, self.sizes, channels=channels)
-            spent = {"floor": 0.0, "novaque": 0.0}
-            done = {"floor": 0, "novaque": 0}
+            pubs: dict[str, nq.Publisher] = {}
+            steps: dict[str, Callable[[list[bytes]], float]] = {
+                "floor": functools.partial(_timed, floor_step, conn)
+            }
+            spent = {"floor": 0.0}
+            done = {"floor": 0}
             try:
+                for client in rows:
+                    pub = pubs[client] = nq.Publisher(
+                        self.db, self.sizes, channels=channels, side=self._side(client)
+                    )
+                    steps[client] = functools.partial(novaque_step, pub)
+                    spent[client], done[client] = 0.0, 0
                 for k, chunk in enumerate(slices):
                     if deadline.passed():
                         break
-                    order = ("floor", "novaque") if k % 2 == 0 else ("novaque", "floor")
-                    for side in order:
-                        started = time.perf_counter()
-                        if side == "floor":
-                            floor_step(conn, chunk)
-                        else:
-                            novaque_step(pub, chunk)
-                        spent[side] += time.perf_counter() - started
+                    for side in _rotated(list(steps), k):
+                        spent[side] += steps[side](chunk)
                         done[side] += len(chunk)
             finally:
                 conn.close()
-                pub.close()
-            row.floor.append(Run(done["floor"], n, spent["floor"]))
-            row.novaque.append(Run(done["novaque"], n, spent["novaque"]))
-        if deadline.passed():
-            row.notes.append(f"stopped at the {self.timeout:.0f} s limit: partial counts")
+                for pub in pubs.values():
+                    pub.close()
+            self._add_runs(
+                rows,
+                Run(done["floor"], n, spent["floor"]),
+                {c: Run(done[c], n, spent[c]) for c in rows},
+            )
+        self._stopped(rows, deadline)
 
     def _w1a(self) -> None:
         s = self.sizes
-        row = self.rows["W1a"] = Row("W1a", self.backend, "msg/s")
         floor = self.floor
 
         def floor_step(conn: Any, chunk: list[bytes]) -> None:
@@ -288,25 +369,29 @@ class BackendRun:
                 floor.publish_one(conn, data)
 
         self._interleaved(
-            row, s.w1a_messages, 100, floor_step, lambda pub, chunk: pub.one_by_one(chunk)
+            self._rows("W1a", "msg/s"),
+            s.w1a_messages,
+            100,
+            floor_step,
+            lambda pub, chunk: pub.one_by_one(chunk),
         )
 
     def _w1b(self) -> None:
         s = self.sizes
-        row = self.rows["W1b"] = Row("W1b", self.backend, "msg/s")
         self._interleaved(
-            row,
+            self._rows("W1b", "msg/s"),
             s.w1b_messages,
             s.batch,
             self.floor.publish_batch,
             lambda pub, chunk: pub.batch(chunk),
         )
 
-    def _drains(self, row: Row, topic: str, *, keep: bool) -> None:
-        """W2 and W4: the floor and a novaque consumer drain alternately, slice by slice.
+    def _drains(self, rows: dict[str, Row], topic: str, *, keep: bool) -> None:
+        """W2 and W4: the floor and each twin's consumer drain in turns, slice by slice.
 
-        Both queues are filled first; then each slice of ``n / 10`` messages
-        is drained by one side and then the other (the first side swapping
+        All queues are filled first (each twin on a topic of its own, so the
+        sides never share messages); then each slice of ``n / 10`` messages
+        is drained by every side in turn (which side goes first changing
         every slice), each side's clock running only during its own slices.
         ``keep`` leaves novaque's tables alone between runs (W4's backlog).
         """
@@ -314,8 +399,9 @@ class BackendRun:
         n = s.w2_messages
         step = max(s.max_in_flight, n // 10)
         deadline = Deadline(self.timeout)
+        workload = next(iter(rows.values())).workload
         for i in range(self.runs):
-            self.progress.step(f"{self.backend} {row.workload} run {i + 1}/{self.runs}", 2)
+            self.progress.step(f"{self.backend} {workload} run {i + 1}/{self.runs}", 2)
             if deadline.passed():
                 break
             if keep:
@@ -323,16 +409,25 @@ class BackendRun:
             else:
                 self.db.reset()
             self.floor.fill(n)
-            gated = nq.GatedDrain(self.db, s, n, topic=topic)
-            conn = self.floor.connect()
-            spent = {"floor": 0.0, "novaque": 0.0}
+            drains: dict[str, nq.GatedDrain] = {}
+            conn = None
+            spent = {"floor": 0.0}
             floor_done = 0
-            extra: dict[str, Any] = {}
+            extras: dict[str, dict[str, Any]] = {}
             try:
+                for client in rows:
+                    drains[client] = nq.GatedDrain(
+                        self.db,
+                        s,
+                        n,
+                        topic=topic if client == "sync" else f"{topic}-{client}",
+                        side=self._side(client),
+                    )
+                    spent[client] = 0.0
+                conn = self.floor.connect()
                 for k, target in enumerate(range(step, n + step, step)):
                     target = min(target, n)
-                    order = ("floor", "novaque") if k % 2 == 0 else ("novaque", "floor")
-                    for side in order:
+                    for side in _rotated(list(spent), k):
                         if deadline.passed():
                             break
                         if side == "floor":
@@ -342,37 +437,42 @@ class BackendRun:
                             )
                             spent["floor"] += time.perf_counter() - started
                         else:
-                            spent["novaque"] += gated.advance(target, deadline)
+                            spent[side] += drains[side].advance(target, deadline)
             finally:
-                conn.close()
-                extra = gated.close()
-            row.floor.append(Run(floor_done, n, spent["floor"]))
-            row.novaque.append(Run(min(gated.handled, n), n, spent["novaque"], extra=extra))
-        if deadline.passed():
-            row.notes.append(f"stopped at the {self.timeout:.0f} s limit: partial counts")
+                if conn is not None:
+                    conn.close()
+                extras = {c: drain.close() for c, drain in drains.items()}
+            self._add_runs(
+                rows,
+                Run(floor_done, n, spent["floor"]),
+                {
+                    c: Run(min(d.handled, n), n, spent[c], extra=extras[c])
+                    for c, d in drains.items()
+                },
+            )
+        self._stopped(rows, deadline)
 
     def _w2(self) -> None:
-        row = self.rows["W2"] = Row("W2", self.backend, "msg/s")
-        self._drains(row, nq.TOPIC, keep=False)
+        self._drains(self._rows("W2", "msg/s"), nq.TOPIC, keep=False)
 
     def _w3(self) -> None:
         s = self.sizes
-        row = self.rows["W3"] = Row("W3", self.backend, "ms")
         self._pairs(
-            row,
+            self._rows("W3", "ms"),
             lambda dl: self.floor.latency(s.w3_messages, s.w3_interval_s, s.poll_interval_s, dl),
-            lambda dl: nq.latency(self.db, s, dl),
+            lambda side, dl: nq.latency(self.db, s, dl, side=side),
         )
 
     def _w4(self) -> None:
         s = self.sizes
-        row = self.rows["W4"] = Row("W4", self.backend, "msg/s")
+        rows = self._rows("W4", "msg/s")
+        row = rows["sync"]
         row.floor_label = "the floor's W2 drain (no backlog), interleaved"
         self.progress.step(f"{self.backend} W4 loading {s.w4_backlog:,} dead+delayed rows")
         self.db.reset()
         loaded = nq.load_backlog(self.db, s, "backlog")
         row.notes.append(f"backlog of {s.w4_backlog:,} rows loaded in {loaded:.1f} s")
-        self._drains(row, "backlog", keep=True)
+        self._drains(rows, "backlog", keep=True)
 
     def _w5(self) -> None:
         s = self.sizes
@@ -389,7 +489,7 @@ class BackendRun:
                         "floor", procs, self.backend, self.db.url, s, s.w5_messages, dl
                     )
 
-                def novaque_run(dl: Deadline, procs: int = procs) -> Run:
+                def novaque_run(_: nq.SyncSide, dl: Deadline, procs: int = procs) -> Run:
                     client = nq.make_client(self.db, s, start=False)
                     try:
                         client.ensure_channel(nq.TOPIC, nq.CHANNEL)
@@ -402,7 +502,7 @@ class BackendRun:
                     )
 
                 try:
-                    self._pairs(row, floor_run, novaque_run)
+                    self._pairs({"sync": row}, floor_run, novaque_run)
                 except Exception as exc:
                     row.error = f"{type(exc).__name__}: {exc}"
                     pools[-1].close()  # its workers may be out of step: start afresh
@@ -412,10 +512,10 @@ class BackendRun:
 
     def _w6(self) -> None:
         s = self.sizes
-        row = self.rows["W6"] = Row("W6", self.backend, "msg/s")
-        row.floor_label = "the floor's W1b, interleaved (the floor has no fan-out)"
+        rows = self._rows("W6", "msg/s")
+        rows["sync"].floor_label = "the floor's W1b, interleaved (the floor has no fan-out)"
         self._interleaved(
-            row,
+            rows,
             s.w6_messages,
             s.batch,
             self.floor.publish_batch,
@@ -427,27 +527,20 @@ class BackendRun:
 
     def _judge(self) -> None:
         rows = self.rows
-        s = self.sizes
         for row in rows.values():
             if not row.error and row.novaque and row.floor and row.unit == "msg/s":
                 row.ratio = row.rate("novaque") / row.rate("floor")
         for name, row in rows.items():
             if row.error or not row.novaque:
                 continue
-            if name == "W1a":
+            if row.client != "sync":
+                self._judge_twin(row, rows.get(row.workload))
+            elif name == "W1a":
                 row.target, row.met = "ratio >= 0.7", row.ratio is not None and row.ratio >= 0.7
             elif name in ("W1b", "W2"):
                 row.target, row.met = "ratio >= 0.8", row.ratio is not None and row.ratio >= 0.8
             elif name == "W3":
-                lat = row.latency("novaque")
-                row.figure = f"p50 {lat['p50_ms']:.1f} ms, p99 {lat['p99_ms']:.1f} ms"
-                if self.backend == "postgres":
-                    row.target = "p50 <= 3 ms, p99 <= 10 ms"
-                    row.met = lat["p50_ms"] <= 3 and lat["p99_ms"] <= 10
-                else:
-                    half = s.poll_interval_s * 1000 / 2
-                    row.target = f"p50 <= {half:.0f} ms (half the poll interval)"
-                    row.met = lat["p50_ms"] <= half
+                self._judge_latency(row)
             elif name == "W4":
                 w2 = rows.get("W2")
                 if w2 is not None and w2.ratio is not None and row.ratio is not None:
@@ -472,6 +565,35 @@ class BackendRun:
             if row.partial:
                 row.met = False if row.met is not None else None
 
+    def _judge_latency(self, row: Row) -> None:
+        """W3's targets, the same for both twins."""
+        lat = row.latency("novaque")
+        row.figure = f"p50 {lat['p50_ms']:.1f} ms, p99 {lat['p99_ms']:.1f} ms"
+        if self.backend == "postgres":
+            row.target = "p50 <= 3 ms, p99 <= 10 ms"
+            row.met = lat["p50_ms"] <= 3 and lat["p99_ms"] <= 10
+        else:
+            half = self.sizes.poll_interval_s * 1000 / 2
+            row.target = f"p50 <= {half:.0f} ms (half the poll interval)"
+            row.met = lat["p50_ms"] <= half
+
+    def _judge_twin(self, row: Row, sync: Row | None) -> None:
+        """The twin's target: its ratio to the floor at least ``TWIN_TARGET`` of the
+        sync client's (W3: the same latency targets, and p50 sync/twin shown)."""
+        usable = sync is not None and not sync.error and bool(sync.novaque)
+        if row.unit == "ms":
+            self._judge_latency(row)
+            if usable:
+                assert sync is not None
+                speed = sync.latency("novaque")["p50_ms"] / row.latency("novaque")["p50_ms"]
+                row.figure += f"; p50 sync/twin {speed:.2f}"
+            return
+        if usable and sync is not None and sync.ratio and row.ratio is not None:
+            row.vs_sync = row.ratio / sync.ratio
+            row.figure = f"twin/sync {row.vs_sync:.2f}"
+            row.target = f"twin/sync >= {TWIN_TARGET}"
+            row.met = row.vs_sync >= TWIN_TARGET
+
 
 # -- output ---------------------------------------------------------------------------
 
@@ -488,11 +610,23 @@ def _fmt_side(row: Row, side: str) -> str:
 
 def table(rows: list[Row]) -> str:
     """The results as a Markdown table (also fine as plain text)."""
-    head = ["workload", "backend", "novaque", "floor", "ratio", "figure", "target", "met"]
+    head = [
+        "workload",
+        "backend",
+        "client",
+        "novaque",
+        "floor",
+        "ratio",
+        "figure",
+        "target",
+        "met",
+    ]
     lines = []
     for row in rows:
         if row.error:
-            lines.append([row.workload, row.backend, "error", "-", "-", row.error[:60], "-", "-"])
+            lines.append(
+                [row.workload, row.backend, row.client, "error", "-", "-", row.error[:60], "-", "-"]
+            )
             continue
         met = "-" if row.met is None else ("yes" if row.met else "NO")
         if row.partial:
@@ -501,6 +635,7 @@ def table(rows: list[Row]) -> str:
             [
                 row.workload,
                 row.backend,
+                row.client,
                 _fmt_side(row, "novaque"),
                 _fmt_side(row, "floor") + (" *" if row.floor_label else ""),
                 "-" if row.ratio is None else f"{row.ratio:.2f}",
@@ -521,6 +656,11 @@ def table(rows: list[Row]) -> str:
         "ratio = novaque / floor (medians). W3 columns are p50/p95/p99 latency. "
         "met is judged on unrounded figures (0.798 shows as 0.80 and is not >= 0.8).",
     ]
+    if any(r.client == "aio" for r in rows):
+        notes.append(
+            "client aio = novaque.aio.AsyncClient, interleaved with the same floor runs as "
+            "sync (novaque.Client); twin/sync = its ratio / the sync client's ratio."
+        )
     if any(r.floor_label for r in rows):
         notes.append(
             "* W6's floor publishes as in W1b (it has no fan-out), W4's floor drains without "
@@ -563,8 +703,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--workloads",
-        default=",".join(WORKLOADS),
-        help=f"comma-separated subset of {','.join(WORKLOADS)} (default: all)",
+        help=f"comma-separated subset of {','.join(WORKLOADS)} (default: all; "
+        f"{','.join(TWIN_WORKLOADS)} with --clients aio)",
+    )
+    parser.add_argument(
+        "--clients",
+        default=",".join(CLIENTS),
+        help="which twins run W1a-W3: sync (novaque.Client), aio (novaque.aio.AsyncClient) "
+        "or both (default: sync,aio); W4-W6 have the sync client only",
     )
     parser.add_argument("--runs", type=int, default=3, help="runs per side; the median counts")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
@@ -588,6 +734,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="messages W5 drains per run (default 10,000; BENCHMARKS.md says 40,000)",
     )
     args = parser.parse_args(argv)
+    clients = {c.strip().lower() for c in args.clients.split(",") if c.strip()}
+    if not clients or clients - set(CLIENTS):
+        parser.error(f"--clients takes {', '.join(CLIENTS)} or both, got {args.clients!r}")
+    args.clients = tuple(c for c in CLIENTS if c in clients)
+    if args.workloads is None:
+        args.workloads = ",".join(WORKLOADS if "sync" in clients else TWIN_WORKLOADS)
     wanted = [w.strip() for w in args.workloads.split(",") if w.strip()]
     known = {w.lower(): w for w in WORKLOADS}
     unknown = [w for w in wanted if w.lower() not in known]
@@ -600,6 +752,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if w in chosen:
             chosen.add(needed)  # its figure is measured against this one
     args.selected = [w for w in WORKLOADS if w in chosen]
+    sync_only = [w for w in args.selected if w not in TWIN_WORKLOADS]
+    if sync_only and "sync" not in clients:
+        parser.error(
+            f"{', '.join(sync_only)} run(s) the sync client only: add sync to --clients "
+            f"or choose from {', '.join(TWIN_WORKLOADS)}"
+        )
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     if args.scale <= 0:
@@ -615,22 +773,40 @@ def main(argv: list[str] | None = None) -> int:
     sizes = Sizes(w5_messages=args.w5_messages).scaled(args.scale)
     backends = list(BACKENDS) if args.backend == "all" else [args.backend]
     started = time.monotonic()
+    # The twin's one event loop, on a thread of its own, for every backend.
+    twin = nq.AioSide() if "aio" in args.clients else None
     plans = [
-        BackendRun(b, args.selected, sizes, args.runs, args.timeout, Progress(1)) for b in backends
+        BackendRun(
+            b,
+            args.selected,
+            sizes,
+            args.runs,
+            args.timeout,
+            Progress(1),
+            clients=args.clients,
+            twin=twin,
+        )
+        for b in backends
     ]
     progress = Progress(sum(p.steps() for p in plans))
     rows: list[Row] = []
     infos: list[dict[str, Any]] = []
     failed = False
-    for plan in plans:
-        plan.progress = progress
-        try:
-            rows += plan.run()
-        except Exception as exc:
-            failed = True
-            plan.info["error"] = f"{type(exc).__name__}: {exc}"
-            print(f"novaque bench: {plan.backend}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        infos.append(plan.info)
+    try:
+        for plan in plans:
+            plan.progress = progress
+            try:
+                rows += plan.run()
+            except Exception as exc:
+                failed = True
+                plan.info["error"] = f"{type(exc).__name__}: {exc}"
+                print(
+                    f"novaque bench: {plan.backend}: {type(exc).__name__}: {exc}", file=sys.stderr
+                )
+            infos.append(plan.info)
+    finally:
+        if twin is not None:
+            twin.stop()
     progress.finish()
     elapsed = time.monotonic() - started
     print(table(rows))
@@ -641,6 +817,7 @@ def main(argv: list[str] | None = None) -> int:
             "elapsed_s": round(elapsed, 1),
             "machine": machine(),
             "runs": args.runs,
+            "clients": list(args.clients),
             "timeout_s": args.timeout,
             "sizes": asdict(sizes),
             "backends": infos,
@@ -651,7 +828,7 @@ def main(argv: list[str] | None = None) -> int:
             f.write("\n")
     errors = [r for r in rows if r.error]
     for r in errors:
-        print(f"novaque bench: {r.backend} {r.workload}: {r.error}", file=sys.stderr)
+        print(f"novaque bench: {r.backend} {r.workload} {r.client}: {r.error}", file=sys.stderr)
     return 1 if failed or errors else 0
 
 

@@ -8,30 +8,39 @@ far it got.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
 import novaque
+import novaque.aio
 from benchmarks._common import Deadline, Run, Sizes, age_ms, body, stamped_body
 from benchmarks._databases import Database, close_client
 from novaque import schema
 
+T = TypeVar("T")
+
 TOPIC = "bench"
 CHANNEL = "work"
+
+
+def client_options(sizes: Sizes, **options: Any) -> dict[str, Any]:
+    """``connect()``'s options for both twins: the workloads' in-flight limit and poll."""
+    options.setdefault("max_in_flight", sizes.max_in_flight)
+    options.setdefault("poll_interval", sizes.poll_interval_s)
+    return options
 
 
 def make_client(
     db: Database, sizes: Sizes, *, start: bool = True, **options: Any
 ) -> novaque.Client:
     """A client as an application would make one (``novaque.connect``), started."""
-    options.setdefault("max_in_flight", sizes.max_in_flight)
-    options.setdefault("poll_interval", sizes.poll_interval_s)
-    client = novaque.connect(db.url, **options)
+    client = novaque.connect(db.url, **client_options(sizes, **options))
     if start and hasattr(client, "start"):
         client.start()
     return client
@@ -108,79 +117,294 @@ def start_consumer(
     return consumer
 
 
-def prefill(client: novaque.Client, n: int, *, topic: str = TOPIC, batch: int = 1000) -> None:
-    """Publish ``n`` messages with ``publish_many`` (setup, not timed)."""
-    for start in range(0, n, batch):
-        client.publish_many(topic, [body(i) for i in range(start, min(n, start + batch))])
+def batches(n: int, size: int) -> Iterator[list[bytes]]:
+    """``n`` bodies in lists of ``size``."""
+    for start in range(0, n, size):
+        yield [body(i) for i in range(start, min(n, start + size))]
+
+
+def prefill(
+    client: Any, n: int, *, topic: str = TOPIC, batch: int = 1000, side: SyncSide | None = None
+) -> None:
+    """Publish ``n`` messages with ``publish_many`` (setup, not timed), on either twin."""
+    side = side or SYNC
+    for bodies in batches(n, batch):
+        side.call(client, "publish_many", topic, bodies)
+
+
+# -- the two twins: how a workload drives each -----------------------------------------
+
+
+class Gate:
+    """Where a drain's handlers wait while the other sides run.
+
+    ``is_open`` is a plain flag the handlers read first (ten workers must not
+    contend for a lock); only when it is down do they wait on ``event``.
+    Opening and closing run through ``where``: on the handlers' own thread
+    of control (directly for threads, ``call_soon_threadsafe`` for the event
+    loop), so :attr:`opened_at` is read on the same clock, in the same
+    thread, as the handlers' own moments, without the hop between threads.
+    """
+
+    def __init__(self, event: Any, where: Callable[[Callable[[], None]], object]) -> None:
+        self.event = event
+        self.is_open = False
+        self.opened_at = 0.0
+        self._where = where
+
+    def open(self) -> None:
+        self._where(self._opened)
+
+    def close(self) -> None:
+        self._where(self._closed)
+
+    def _opened(self) -> None:
+        self.opened_at = time.perf_counter()
+        self.is_open = True
+        self.event.set()
+
+    def _closed(self) -> None:
+        self.is_open = False
+        self.event.clear()
+
+
+class SyncSide:
+    """How the workloads drive :class:`novaque.Client`: from the benchmark's thread."""
+
+    name = "sync"
+
+    def connect(self, db: Database, sizes: Sizes, *, start: bool = True) -> Any:
+        return make_client(db, sizes, start=start)
+
+    def call(self, client: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``client.method(*args, **kwargs)``, awaited on the twin (setup, not timed)."""
+        return getattr(client, method)(*args, **kwargs)
+
+    def publish_each(self, client: novaque.Client, bodies: list[bytes]) -> float:
+        """W1a's slice: ``publish`` one by one, a transaction each; the seconds it took."""
+        started = time.perf_counter()
+        for data in bodies:
+            client.publish(TOPIC, data)
+        return time.perf_counter() - started
+
+    def publish_batch(self, client: novaque.Client, bodies: list[bytes]) -> float:
+        """W1b's and W6's slice: one ``publish_many``; the seconds it took."""
+        started = time.perf_counter()
+        client.publish_many(TOPIC, bodies)
+        return time.perf_counter() - started
+
+    def gate(self) -> Gate:
+        return Gate(threading.Event(), lambda fn: fn())
+
+    def handler(
+        self, record: Callable[[novaque.Message], None], gate: Gate | None = None
+    ) -> Callable[[novaque.Message], None]:
+        """A handler that passes ``gate`` (if any), then calls ``record``."""
+        if gate is None:
+            return record
+
+        def handle(msg: novaque.Message) -> None:
+            if not gate.is_open:
+                gate.event.wait()
+            record(msg)
+
+        return handle
+
+    def subscribe(self, client: Any, handler: Any, sizes: Sizes, topic: str) -> Any:
+        return start_consumer(client, handler, sizes, topic=topic)
+
+    def shutdown(self, consumer: Any) -> None:
+        consumer.shutdown(timeout=10)
+
+    def close(self, client: Any) -> None:
+        close_client(client)
+
+
+SYNC = SyncSide()
+
+
+class AioSide(SyncSide):
+    """How the workloads drive :class:`novaque.aio.AsyncClient`: on one event
+    loop, on a background thread, for the whole benchmark.
+
+    The benchmark's thread hands the loop whole slices, never one message: a
+    coroutine publishing a W1a slice of 100 with ``await client.publish``, one
+    ``await client.publish_many``, a drain's gate opening. Each slice is timed
+    on the loop itself, so the hop between the threads is in no figure.
+    """
+
+    name = "aio"
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="bench-aio-loop", daemon=True
+        )
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop and wait for its result (one hop each way)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def connect(self, db: Database, sizes: Sizes, *, start: bool = True) -> Any:
+        return self.run(_aio_connect(db, sizes, start))
+
+    def call(self, client: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self.run(getattr(client, method)(*args, **kwargs))
+
+    def publish_each(self, client: Any, bodies: list[bytes]) -> float:
+        return self.run(_aio_publish_each(client, bodies))
+
+    def publish_batch(self, client: Any, bodies: list[bytes]) -> float:
+        return self.run(_aio_publish_batch(client, bodies))
+
+    def gate(self) -> Gate:
+        return Gate(asyncio.Event(), self.loop.call_soon_threadsafe)
+
+    def handler(  # type: ignore[override]
+        self, record: Callable[[novaque.Message], None], gate: Gate | None = None
+    ) -> novaque.aio.AsyncHandler:
+        async def handle(msg: novaque.Message) -> None:
+            if gate is not None and not gate.is_open:
+                await gate.event.wait()
+            record(msg)
+
+        return handle
+
+    def subscribe(self, client: Any, handler: Any, sizes: Sizes, topic: str) -> Any:
+        consumer = client.subscribe(
+            topic,
+            CHANNEL,
+            handler,
+            max_in_flight=sizes.max_in_flight,
+            poll_interval=sizes.poll_interval_s,
+        )
+        return self.run(consumer.start())
+
+    def shutdown(self, consumer: Any) -> None:
+        self.run(consumer.shutdown(timeout=10))
+
+    def close(self, client: Any) -> None:
+        self.run(_aio_close(client))
+
+    def stop(self) -> None:
+        """Stop the loop and its thread (the benchmark's end)."""
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+async def _aio_connect(db: Database, sizes: Sizes, start: bool) -> novaque.aio.AsyncClient:
+    # Without the sync driver's name, connect() picks the asyncio one
+    # (psycopg's async mode, asyncmy, aiosqlite).
+    url = sa.make_url(db.url)
+    client = novaque.aio.connect(
+        url.set(drivername=url.get_backend_name()), **client_options(sizes)
+    )
+    if start:
+        await client.start()
+    return client
+
+
+async def _aio_close(client: novaque.aio.AsyncClient) -> None:
+    await client.shutdown(timeout=10)
+    await client.engine.dispose()
+
+
+async def _aio_publish_each(client: novaque.aio.AsyncClient, bodies: list[bytes]) -> float:
+    started = time.perf_counter()
+    for data in bodies:
+        await client.publish(TOPIC, data)
+    return time.perf_counter() - started
+
+
+async def _aio_publish_batch(client: novaque.aio.AsyncClient, bodies: list[bytes]) -> float:
+    started = time.perf_counter()
+    await client.publish_many(TOPIC, bodies)
+    return time.perf_counter() - started
 
 
 # -- W1a / W1b / W6: publishing -------------------------------------------------------
 
 
 class Publisher:
-    """novaque's side of the publishing workloads, one slice at a time.
+    """One twin's side of the publishing workloads, one slice at a time.
 
-    W1a and W1b interleave the floor and novaque slice by slice (see
-    ``run.py``), so both meet the same moments of a noisy machine.
+    W1a and W1b interleave the floor and the twins slice by slice (see
+    ``run.py``), so all meet the same moments of a noisy machine. Each slice
+    returns the seconds it took.
     """
 
-    def __init__(self, db: Database, sizes: Sizes, *, channels: int = 1) -> None:
-        self.client = make_client(db, sizes)
+    def __init__(
+        self, db: Database, sizes: Sizes, *, channels: int = 1, side: SyncSide = SYNC
+    ) -> None:
+        self.side = side
+        self.client = side.connect(db, sizes)
         for c in range(channels):
-            self.client.ensure_channel(TOPIC, f"{CHANNEL}{c}" if channels > 1 else CHANNEL)
-        self.client.publish(TOPIC, body(0))  # first use: schema check, topic id cached
+            side.call(
+                self.client, "ensure_channel", TOPIC, f"{CHANNEL}{c}" if channels > 1 else CHANNEL
+            )
+        side.call(self.client, "publish", TOPIC, body(0))  # first use: schema check, topic id
 
-    def one_by_one(self, bodies: list[bytes]) -> None:
+    def one_by_one(self, bodies: list[bytes]) -> float:
         """W1a: ``publish``, one transaction per message."""
-        for data in bodies:
-            self.client.publish(TOPIC, data)
+        return self.side.publish_each(self.client, bodies)
 
-    def batch(self, bodies: list[bytes]) -> None:
+    def batch(self, bodies: list[bytes]) -> float:
         """W1b / W6: one ``publish_many``."""
-        self.client.publish_many(TOPIC, bodies)
+        return self.side.publish_batch(self.client, bodies)
 
     def close(self) -> None:
-        close_client(self.client)
+        self.side.close(self.client)
 
 
 # -- W2 / W4: draining ----------------------------------------------------------------
 
 
 class GatedDrain:
-    """One consumer (``subscribe``, ``max_in_flight``) draining pre-published messages,
-    in timed slices.
+    """One consumer (``subscribe``, ``max_in_flight``) of either twin draining
+    pre-published messages, in timed slices.
 
     The handler passes a gate: while it is closed the consumer stalls (its
-    workers wait, so it claims nothing more), which lets the floor run in
-    between on a quiet machine. :meth:`advance` opens the gate until the
+    workers wait, so it claims nothing more), which lets the other sides run
+    in between on a quiet machine. :meth:`advance` opens the gate until the
     consumer has handled ``target`` messages in all and returns the seconds
-    that took. A slice may leave up to ``max_in_flight`` handlers past the
-    gate and one claim or ack batch in flight when it closes; that work is
-    counted in the next slice (at most one batch in 100 for slices of 1,000).
+    that took, from the gate's opening to the handler that reached the
+    target, both read where the handlers run. A slice may leave up to
+    ``max_in_flight`` handlers past the gate and one claim or ack batch in
+    flight when it closes; that work is counted in the next slice (at most
+    one batch in 100 for slices of 1,000).
     """
 
     def __init__(
-        self, db: Database, sizes: Sizes, n: int, *, topic: str = TOPIC, prefilled: bool = False
+        self,
+        db: Database,
+        sizes: Sizes,
+        n: int,
+        *,
+        topic: str = TOPIC,
+        prefilled: bool = False,
+        side: SyncSide = SYNC,
     ) -> None:
         self.n = n
         self.topic = topic
-        self.client = make_client(db, sizes)
+        self.db = db
+        self.side = side
+        self.client = side.connect(db, sizes)
         self.handled = 0
         self._counter = itertools.count(1)
-        self._gate = threading.Event()
-        self._open = False
+        self._gate = side.gate()
         self._reached = threading.Event()
         self._target = 0
         self._at = 0.0
-        self.client.ensure_channel(topic, CHANNEL)
+        side.call(self.client, "ensure_channel", topic, CHANNEL)
         if not prefilled:
-            prefill(self.client, n, topic=topic)
+            prefill(self.client, n, topic=topic, side=side)
         db.analyze()
-        self.consumer = start_consumer(self.client, self._handle, sizes, topic=topic)
+        handler = side.handler(self._count, self._gate)
+        self.consumer = side.subscribe(self.client, handler, sizes, topic)
 
-    def _handle(self, msg: novaque.Message) -> None:
-        if not self._open:  # a plain flag: ten workers must not contend for a lock
-            self._gate.wait()
+    def _count(self, msg: novaque.Message) -> None:
         self.handled = next(self._counter)
         if self.handled >= self._target and not self._reached.is_set():
             self._at = time.perf_counter()
@@ -190,31 +414,27 @@ class GatedDrain:
         """Let the consumer run until ``target`` messages are handled; the seconds taken."""
         self._target = min(target, self.n)
         self._reached.clear()
-        started = time.perf_counter()
         if self.handled >= self._target:
             return 0.0
-        self._open = True
-        self._gate.set()
+        self._gate.open()
         reached = self._reached.wait(deadline.left())
-        self._open = False
-        self._gate.clear()
-        return (self._at if reached else time.perf_counter()) - started
+        self._gate.close()
+        return (self._at if reached else time.perf_counter()) - self._gate.opened_at
 
     def close(self) -> dict[str, Any]:
         """Stop the consumer (flushing its acks); what is left to check the run."""
-        self._open = True
-        self._gate.set()
+        self._gate.open()
         try:
             started = time.perf_counter()
-            self.consumer.shutdown(timeout=10)
+            self.side.shutdown(self.consumer)
             shutdown_s = time.perf_counter() - started
             return {
                 "shutdown_s": round(shutdown_s, 4),
-                "left_after": _ready_left(self.client, self.topic),
+                "left_after": _ready_left(self.db, self.topic),
                 "consumer": consumer_kind(self.client),
             }
         finally:
-            close_client(self.client)
+            self.side.close(self.client)
 
 
 def drain(
@@ -231,20 +451,26 @@ def drain(
     return Run(done, n, seconds, extra=extra)
 
 
-def _ready_left(client: novaque.Client, topic: str) -> int:
+def _ready_left(db: Database, topic: str) -> int:
     """Deliveries of ``topic`` still ready or leased (W4's dead and delayed rows excluded)."""
     d, c, t = schema.deliveries, schema.channels, schema.topics
     soon = time.time_ns() // 1000 + 86_400_000_000  # W4's delayed rows are 30 days out
-    with client.engine.connect() as conn:
-        return int(
-            conn.execute(
-                sa.select(sa.func.count())
-                .select_from(d)
-                .join(c, c.c.id == d.c.channel_id)
-                .join(t, t.c.id == c.c.topic_id)
-                .where(t.c.name == topic, d.c.state != schema.STATE_DEAD, d.c.visible_at <= soon)
-            ).scalar_one()
-        )
+    engine = sa.create_engine(db.url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.select(sa.func.count())
+                    .select_from(d)
+                    .join(c, c.c.id == d.c.channel_id)
+                    .join(t, t.c.id == c.c.topic_id)
+                    .where(
+                        t.c.name == topic, d.c.state != schema.STATE_DEAD, d.c.visible_at <= soon
+                    )
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
 
 
 def load_backlog(db: Database, sizes: Sizes, topic: str) -> float:
@@ -325,31 +551,33 @@ def load_backlog(db: Database, sizes: Sizes, topic: str) -> float:
 # -- W3: latency ----------------------------------------------------------------------
 
 
-def latency(db: Database, sizes: Sizes, deadline: Deadline) -> Run:
-    """W3: an idle consumer; ``w3_messages`` publishes ``w3_interval_s`` apart.
+def latency(db: Database, sizes: Sizes, deadline: Deadline, *, side: SyncSide = SYNC) -> Run:
+    """W3: an idle consumer of either twin; ``w3_messages`` publishes ``w3_interval_s`` apart.
 
-    The publisher is a second client (its own engine), so the consumer learns
-    of each message as one in another process would: by NOTIFY on PostgreSQL,
-    by polling elsewhere (a publish through the consumer's own client would
-    wake it directly, in-process).
+    The publisher is a second, sync client (its own engine), so the consumer
+    learns of each message as one in another process would: by NOTIFY on
+    PostgreSQL, by polling elsewhere (a publish through the consumer's own
+    client would wake it directly, in-process). Latency runs from the
+    moment stamped in the body, just before ``publish()``, to the handler.
     """
     n = sizes.w3_messages
-    client = make_client(db, sizes)
+    client = side.connect(db, sizes)
     publisher = make_client(db, sizes, start=False)
     latencies: list[float] = []
     lock = threading.Lock()
     try:
-        client.ensure_channel(TOPIC, CHANNEL)
+        side.call(client, "ensure_channel", TOPIC, CHANNEL)
         publisher.publish(TOPIC, body(0))
-        for msg in client.claim(TOPIC, CHANNEL, max_messages=10):  # warm: schema, channel id
-            client.ack(msg)
+        # warm: schema, channel id
+        for msg in side.call(client, "claim", TOPIC, CHANNEL, max_messages=10):
+            side.call(client, "ack", msg)
 
-        def handler(msg: novaque.Message) -> None:
+        def record(msg: novaque.Message) -> None:
             ms = age_ms(msg.body)
             with lock:
                 latencies.append(ms)
 
-        consumer = start_consumer(client, handler, sizes)
+        consumer = side.subscribe(client, side.handler(record), sizes, TOPIC)
         with lock:
             latencies.clear()  # the warm-up message, if the claim above missed it
         time.sleep(max(0.3, 2 * sizes.poll_interval_s))  # let the consumer go idle
@@ -368,7 +596,7 @@ def latency(db: Database, sizes: Sizes, deadline: Deadline) -> Run:
         while len(latencies) < sent and not deadline.passed():
             time.sleep(0.005)
         elapsed = time.perf_counter() - started
-        consumer.shutdown(timeout=10)
+        side.shutdown(consumer)
         with lock:
             got = list(latencies)
         return Run(
@@ -376,4 +604,4 @@ def latency(db: Database, sizes: Sizes, deadline: Deadline) -> Run:
         )
     finally:
         close_client(publisher)
-        close_client(client)
+        side.close(client)

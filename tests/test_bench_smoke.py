@@ -24,9 +24,23 @@ def bench(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any]]:
     return status, json.loads(out.read_text())
 
 
-def check_rows(report: dict[str, Any], backend: str, workloads: list[str]) -> None:
-    rows = {r["workload"]: r for r in report["results"]}
-    assert sorted(rows) == sorted(workloads)
+TWIN_WORKLOADS = ["W1a", "W1b", "W2", "W3"]
+
+
+def keyed(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The rows by name: "W2" for the sync client, "W2 aio" for the twin."""
+    return {
+        r["workload"] + ("" if r["client"] == "sync" else f" {r['client']}"): r
+        for r in report["results"]
+    }
+
+
+def check_rows(
+    report: dict[str, Any], backend: str, workloads: list[str], *, twin: bool = True
+) -> None:
+    rows = keyed(report)
+    expected = [*workloads, *(f"{w} aio" for w in workloads if twin and w in TWIN_WORKLOADS)]
+    assert sorted(rows) == sorted(expected)
     for name, row in rows.items():
         assert row["backend"] == backend
         assert "error" not in row, row.get("error")
@@ -35,7 +49,7 @@ def check_rows(report: dict[str, Any], backend: str, workloads: list[str]) -> No
             for one in row[side]:
                 assert one["done"] == one["expected"] > 0, (name, side, one)
                 assert not one["partial"]
-        if name == "W3":
+        if row["workload"] == "W3":
             assert row["unit"] == "ms"
             assert set(row["novaque"]) == {"p50_ms", "p95_ms", "p99_ms"}
             assert row["novaque"]["p50_ms"] <= row["novaque"]["p99_ms"]
@@ -44,11 +58,24 @@ def check_rows(report: dict[str, Any], backend: str, workloads: list[str]) -> No
             assert row["novaque"] > 0
             assert row["floor"] > 0
             assert row["ratio"] > 0
-        if name in ("W2", "W4"):
+        if row["workload"] in ("W2", "W4"):
             assert row["novaque_runs"][0]["left_after"] == 0  # every message was acked
             assert row["novaque_runs"][0]["consumer"] == "subscribe"
-    assert rows["W4"]["figure"].startswith("W4/W2 ")
-    assert rows["W6"]["figure"].startswith("W6/W1b ")
+        if row["client"] == "aio":
+            sync = rows[row["workload"]]
+            assert row["floor_runs"] == sync["floor_runs"]  # one floor, interleaved with both
+            if row["unit"] == "msg/s":
+                assert row["target"] == "twin/sync >= 0.9"
+                assert row["twin_vs_sync"] == pytest.approx(row["ratio"] / sync["ratio"], 0.01)
+                assert row["figure"].startswith("twin/sync ")
+            else:
+                assert row["target"] == sync["target"]
+                assert "p50 sync/twin" in row["figure"]
+            assert isinstance(row["met"], bool)
+    if "W4" in rows:
+        assert rows["W4"]["figure"].startswith("W4/W2 ")
+    if "W6" in rows:
+        assert rows["W6"]["figure"].startswith("W6/W1b ")
 
 
 def test_every_workload_on_sqlite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -58,14 +85,38 @@ def test_every_workload_on_sqlite(tmp_path: Path, capsys: pytest.CaptureFixture[
     check_rows(report, "sqlite", workloads)
     assert report["machine"]["cores"] >= 1
     assert report["runs"] == 1
+    assert report["clients"] == ["sync", "aio"]
     assert report["backends"][0]["server"].startswith("SQLite")
-    rows = {r["workload"]: r for r in report["results"]}
+    rows = keyed(report)
     assert [rows[f"W5 x{n}"]["novaque_runs"][0]["procs"] for n in (1, 2, 4)] == [1, 2, 4]
     printed = capsys.readouterr()
     assert "| workload | backend" in printed.out
     for name in workloads:
         assert f"| {name} " in printed.out
+    assert "| aio " in printed.out
     assert "done" in printed.err  # the progress bar ran to the end
+
+
+@pytest.mark.parametrize("client", ["sync", "aio"])
+def test_one_twin_alone(client: str, tmp_path: Path) -> None:
+    status, report = bench(tmp_path, "--backend", "sqlite", "--clients", client)
+    assert status == 0
+    assert report["clients"] == [client]
+    assert {r["client"] for r in report["results"]} == {client}
+    if client == "sync":
+        assert {r["workload"] for r in report["results"]} >= {"W4", "W6"}
+    else:  # the twin runs W1a-W3 only; with no sync row, no twin/sync
+        assert sorted(r["workload"] for r in report["results"]) == sorted(TWIN_WORKLOADS)
+        assert all(r["met"] is None or r["unit"] == "ms" for r in report["results"])
+
+
+def test_sync_only_workloads_need_the_sync_client(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        run.main(["--clients", "aio", "--workloads", "W2,W4"])
+    assert exit_info.value.code == 2
+    assert "W4 run(s) the sync client only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run.main(["--clients", "sync,tornado"])
 
 
 def test_the_servers_without_w5(
@@ -87,9 +138,10 @@ def test_a_workload_out_of_time_stops_and_says_so(
 ) -> None:
     status, report = bench(tmp_path, "--backend", "sqlite", "--workloads", "W2", "--timeout", "0")
     assert status == 0
-    [row] = report["results"]
-    assert row["novaque_runs"] == []
-    assert any("limit" in note for note in row["notes"])
+    assert [r["client"] for r in report["results"]] == ["sync", "aio"]
+    for row in report["results"]:
+        assert row["novaque_runs"] == []
+        assert any("limit" in note for note in row["notes"])
 
 
 def test_unknown_workloads_are_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 import novaque
+import novaque.aio
 from novaque.dialects import engines
 from tests.conftest import Backend, kill_other_sessions
 
@@ -55,6 +58,47 @@ def test_a_connection_returned_with_an_open_transaction_is_rolled_back(
     assert names == ["committed"]
 
 
+def test_sqlite_returns_connections_unrolled_after_a_commit_and_rolled_back_when_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On aiosqlite every ROLLBACK is a hop to the driver's thread, sent by the
+    pool after each COMMIT: now only an open transaction is rolled back."""
+    import aiosqlite
+
+    rollbacks: list[object] = []
+    original = aiosqlite.Connection.rollback
+
+    async def counting(self: aiosqlite.Connection) -> None:
+        rollbacks.append(self)
+        await original(self)
+
+    monkeypatch.setattr(aiosqlite.Connection, "rollback", counting)
+
+    def leave_open(conn: sa.Connection) -> None:
+        cursor = conn.connection.cursor()  # the driver's, past SQLAlchemy's transactions
+        cursor.execute("BEGIN")
+        cursor.execute("INSERT INTO novaque_topics (name, created_at) VALUES ('open', 0)")
+        cursor.close()
+
+    async def main() -> list[str]:
+        client = novaque.aio.connect(f"sqlite:///{tmp_path / 'q.db'}")
+        try:
+            await client.migrate()
+            await client.publish("rb", b"first")
+            rollbacks.clear()
+            for _ in range(5):
+                await client.publish("rb", b"x")
+            assert rollbacks == []
+            async with client.engine.connect() as conn:
+                await conn.run_sync(leave_open)
+            assert len(rollbacks) == 1  # returned with its transaction open: rolled back
+            return await client.list_topics()
+        finally:
+            await client.shutdown(timeout=10)
+
+    assert "open" not in asyncio.run(main())
+
+
 @pytest.mark.parametrize("backend", ["mysql"], indirect=True)
 def test_mysql_connections_run_read_committed_without_a_set_per_transaction(
     backend: Backend, connected: novaque.Client
@@ -73,6 +117,56 @@ def test_mysql_connections_run_read_committed_without_a_set_per_transaction(
     connected.ack_many(connected.claim("t", "c"))
     assert sent
     assert not [s for s in sent if "ISOLATION" in s.upper()]
+
+
+_ROLLBACKS = (
+    "SELECT CONNECTION_ID(), VARIABLE_VALUE FROM information_schema.SESSION_STATUS "
+    "WHERE VARIABLE_NAME = 'COM_ROLLBACK'"
+)
+
+
+@pytest.mark.parametrize("backend", ["mysql"], indirect=True)
+def test_mysql_sends_no_rollback_after_a_commit_on_either_twin(backend: Backend) -> None:
+    """The pool's reset reads the server's in-transaction flag on the driver's
+    connection: the twin's DBAPI object is SQLAlchemy's adapter, without the
+    flag, and sent a ROLLBACK after every COMMIT (one more round trip)."""
+    client = novaque.connect(backend.url)
+
+    def read() -> tuple[int, int]:
+        with client.own_engine.connect() as conn:
+            session, count = conn.exec_driver_sql(_ROLLBACKS).one()
+        return int(session), int(count)
+
+    try:
+        client.publish("rb", b"first")  # schema check, topic created
+        before = read()
+        for _ in range(5):
+            client.publish("rb", b"x")
+        after = read()
+    finally:
+        client.shutdown(timeout=10)
+
+    async def twin() -> tuple[tuple[int, int], tuple[int, int]]:
+        aclient = novaque.aio.connect(sa.make_url(backend.url).set(drivername="mysql"))
+
+        async def aread() -> tuple[int, int]:
+            async with aclient.engine.connect() as conn:
+                session, count = (await conn.exec_driver_sql(_ROLLBACKS)).one()
+            return int(session), int(count)
+
+        try:
+            await aclient.publish("rb", b"first")
+            abefore = await aread()
+            for _ in range(5):
+                await aclient.publish("rb", b"x")
+            return abefore, await aread()
+        finally:
+            await aclient.shutdown(timeout=10)
+
+    abefore, aafter = asyncio.run(twin())
+    for first, last in ((before, after), (abefore, aafter)):
+        assert first[0] == last[0]  # one pooled connection served it all
+        assert last[1] - first[1] <= 1  # the first read's own transaction, no publish's
 
 
 @pytest.mark.parametrize(

@@ -44,9 +44,15 @@ def sqlite_own_engine(engine: sa.Engine) -> sa.Engine:
             "connections, consumers and processes (use e.g. sqlite:///novaque.db)"
         )
     own = _new_engine(
-        url, asynchronous=engine.dialect.is_async, pool_size=8, max_overflow=16, pool_timeout=60
+        url,
+        asynchronous=engine.dialect.is_async,
+        pool_size=8,
+        max_overflow=16,
+        pool_timeout=60,
+        pool_reset_on_return=None,  # replaced by _rollback_if_open
     )
     configure_sqlite(own)
+    event.listen(own, "reset", _rollback_if_open)
     return own
 
 
@@ -166,18 +172,31 @@ def _ping_when_idle(engine: sa.Engine) -> None:
 
 
 def _rollback_if_open(dbapi_conn: Any, record: Any, state: Any) -> None:
-    """Pool reset on return for MySQL: roll back only if a transaction is open.
+    """Pool reset on return for MySQL and SQLite: roll back only if a transaction is open.
 
     SQLAlchemy's default reset sends ROLLBACK whenever a connection returns to
     the pool, even right after a COMMIT: one more round trip per transaction
-    with PyMySQL (psycopg skips it when idle). The server reports in every
-    reply whether a transaction is open, so only those are rolled back.
+    with PyMySQL (psycopg skips it when idle), one more hop to aiosqlite's
+    thread for the asyncio twin on SQLite. Whether a transaction is open is
+    read on the driver's own connection (``record.driver_connection``): for
+    the asyncio twin ``dbapi_conn`` is SQLAlchemy's adapter, which does not
+    carry it (a ROLLBACK went out after every COMMIT on asyncmy).
     """
     if state.transaction_was_reset or state.terminate_only:
         return
-    status = getattr(dbapi_conn, "server_status", None)
-    if status is None or status & _SERVER_STATUS_IN_TRANS:
+    if _in_transaction(record.driver_connection):
         dbapi_conn.rollback()
+
+
+def _in_transaction(driver_conn: Any) -> bool:
+    """Whether ``driver_conn`` has a transaction open (True when it cannot tell)."""
+    # sqlite3 and aiosqlite say so themselves, without a call to the database.
+    flag = getattr(driver_conn, "in_transaction", None)
+    if isinstance(flag, bool):
+        return flag
+    # MySQL's server reports it in the status flags of every reply.
+    status = getattr(driver_conn, "server_status", None)
+    return status is None or bool(status & _SERVER_STATUS_IN_TRANS)
 
 
 #: Bit of the MySQL protocol's server status flags: a transaction is open.
