@@ -29,7 +29,9 @@ the event loop run the others instead of blocking its thread.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import random
 import threading
 import time
@@ -43,7 +45,7 @@ from sqlalchemy.util import await_only, greenlet_spawn
 
 from novaque._waits import running_loop
 from novaque.dialects import Dialect, NotifyListener
-from novaque.dialects.engines import session_ready
+from novaque.dialects.engines import session_ready, sync_sqlite_engine
 
 T = TypeVar("T")
 
@@ -140,6 +142,9 @@ class SyncExecutor:
         """Run ``fn`` from outside the client's runtime (at interpreter exit)."""
         return fn()
 
+    def close(self) -> None:
+        """Close what the executor opened itself (at the client's shutdown)."""
+
 
 class AsyncExecutor(SyncExecutor):
     """:class:`SyncExecutor` for an ``AsyncEngine``'s ``sync_engine``, run inside
@@ -149,8 +154,53 @@ class AsyncExecutor(SyncExecutor):
 
     def __init__(self, engine: sa.Engine, dialect: Dialect) -> None:
         super().__init__(engine, dialect)
+        #: SQLite: novaque's own transactions, run by a sync executor on a
+        #: thread of the client's (see :meth:`run`).
+        self._threaded: SyncExecutor | None = None
+        self._thread: concurrent.futures.ThreadPoolExecutor | None = None
+        self._detached = False
         if dialect.one_writer:
             self._turn = _LoopTurn(engine.url.database or "")
+            self._threaded = SyncExecutor(sync_sqlite_engine(engine), dialect)
+
+    def run(
+        self,
+        fn: Callable[[sa.Connection], T],
+        *,
+        one_statement: bool = False,
+        attempts: int = ATTEMPTS,
+    ) -> T:
+        """:meth:`SyncExecutor.run`, awaited.
+
+        On SQLite the whole transaction runs on a thread of the client's, on a
+        sync engine for the same file, and is awaited as one step: SQLite is a
+        library, not a server, so every asyncio driver for it (aiosqlite) runs
+        each of its calls on a thread, about four hops per statement; here it
+        is one per transaction. The loop's tasks take their turn on the loop
+        first, so no more than one of them waits on that thread at a time.
+        """
+        threaded = self._threaded
+        if threaded is None:
+            return super().run(fn, one_statement=one_statement, attempts=attempts)
+        call = functools.partial(threaded.run, fn, one_statement=one_statement, attempts=attempts)
+        if self._detached:
+            return call()
+        with self._turn:
+            return await_only(self._on_thread(call))
+
+    async def _on_thread(self, call: Callable[[], T]) -> T:
+        if self._thread is None:
+            self._thread = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="novaque-sqlite"
+            )
+        return await asyncio.get_running_loop().run_in_executor(self._thread, call)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=False)
+            self._thread = None
+        if self._threaded is not None:
+            self._threaded.engine.dispose()
 
     def pause(self, seconds: float) -> None:
         await_only(asyncio.sleep(seconds))
@@ -168,6 +218,7 @@ class AsyncExecutor(SyncExecutor):
         if running_loop() is not None:
             raise RuntimeError("an event loop is running in this thread")
         self.engine.dispose(close=False)
+        self._detached = True  # SQLite's transactions in this thread (its pool is gone)
 
         async def run() -> T:
             try:
@@ -175,7 +226,10 @@ class AsyncExecutor(SyncExecutor):
             finally:
                 await greenlet_spawn(self.engine.dispose)
 
-        return asyncio.run(run())
+        try:
+            return asyncio.run(run())
+        finally:
+            self._detached = False
 
 
 class _AwaitedLock:

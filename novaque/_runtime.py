@@ -472,6 +472,7 @@ class RuntimeClient(CoreClient):
             )
         if self._executor.engine is not self.engine:
             self._executor.engine.dispose()
+        self._executor.close()
         if self._owns_engine:
             self.engine.dispose()
         if thread is not None or stopping:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import threading
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.util import greenlet_spawn
@@ -119,3 +121,46 @@ def test_the_async_locks_let_the_loop_run_while_they_are_held(backend: Backend) 
 
     asyncio.run(asyncio.wait_for(main(), timeout=60))
     assert "loop ran" in order
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # a library, not a server
+def test_sqlite_transactions_of_the_twin_run_on_one_thread_of_the_clients(
+    backend: Backend, client: novaque.Client
+) -> None:
+    """On SQLite the twin's own transactions run whole on a thread of its own,
+    one hop each (not aiosqlite's hops per statement), while the loop runs on."""
+    client.ensure_channel("t", "c")
+    seen: list[str] = []
+
+    async def main() -> None:
+        engine = create_async_engine(_async_url(backend))
+        try:
+            executor = AsyncExecutor(engine.sync_engine, dialects.for_engine(engine.sync_engine))
+
+            def where(conn: sa.Connection) -> int:
+                seen.append(threading.current_thread().name)
+                assert conn.dialect.driver == "pysqlite"
+                return int(
+                    conn.execute(sa.text("SELECT count(*) FROM novaque_topics")).scalar_one()
+                )
+
+            ticks = 0
+
+            async def beside() -> None:
+                nonlocal ticks
+                for _ in range(20):
+                    ticks += 1
+                    await asyncio.sleep(0)
+
+            counts = await asyncio.gather(
+                *(greenlet_spawn(executor.run, where) for _ in range(5)), beside()
+            )
+            assert counts[:5] == [1] * 5
+            assert ticks == 20
+            executor.close()
+        finally:
+            await engine.dispose()
+
+    asyncio.run(main())
+    assert len(set(seen)) == 1
+    assert seen[0].startswith("novaque-sqlite")

@@ -56,6 +56,16 @@ def sqlite_own_engine(engine: sa.Engine) -> sa.Engine:
     return own
 
 
+def sync_sqlite_engine(engine: sa.Engine) -> sa.Engine:
+    """A sync engine for the SQLite file of ``engine`` (one of an asyncio driver),
+    set up as :func:`sqlite_own_engine` sets up novaque's own."""
+    probe = sa.create_engine(engine.url.set(drivername="sqlite"))
+    try:
+        return sqlite_own_engine(probe)
+    finally:
+        probe.dispose()
+
+
 def _new_engine(url: sa.URL, *, asynchronous: bool, **kwargs: Any) -> sa.Engine:
     """A new engine for ``url``; for an asyncio driver, the ``sync_engine`` of an
     ``AsyncEngine`` (the asyncio twin runs novaque's statements on it)."""
