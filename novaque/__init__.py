@@ -31,6 +31,7 @@ from novaque.errors import (
 )
 from novaque.models import (
     Backlog,
+    ChannelSettings,
     Counters,
     DeadLetter,
     DeliveryInfo,
@@ -45,6 +46,7 @@ __all__ = [
     "Backlog",
     "Backoff",
     "ChannelNotFound",
+    "ChannelSettings",
     "Client",
     "Consumer",
     "Counters",

@@ -26,7 +26,7 @@ from novaque.errors import (
     InvalidOption,
     LeaseLost,
 )
-from novaque.models import Message
+from novaque.models import ChannelSettings, Message
 from novaque.ops import Batch, Effects, consume, maintain, topology
 from novaque.ops import publish as publish_op
 from novaque.options import Duration, Options, check_int, seconds
@@ -486,23 +486,67 @@ class CoreClient:
         topic: str,
         channel: str,
         *,
+        ordering: str | None = None,
+        lease: Duration | None = None,
+        max_attempts: int | None = None,
         dead_max_age: Duration | None = None,
         dead_max_count: int | None = None,
+        reset: Iterable[str] = (),
     ) -> None:
-        """Create ``channel`` on ``topic`` (and the topic) if missing.
+        """Create ``channel`` on ``topic`` (and the topic) if missing, with settings.
 
-        A new channel receives messages published from now on. ``dead_max_age``
-        and ``dead_max_count`` bound its dead letters (default: the client's
-        ``Options``); given for an existing channel, they replace its bounds.
+        A new channel receives messages published from now on and takes the
+        settings given (the others: ``"standard"`` ordering and the client's
+        ``Options``). For an existing channel each setting given replaces the
+        stored one and the others keep theirs; ``reset`` names settings to
+        return to the client's defaults.
+
+        - ``ordering``: ``"standard"``, ``"group_fifo"`` or ``"strict_fifo"``;
+        - ``lease``: of claims and consumers on the channel that name none;
+        - ``max_attempts``: the budget of every delivery created in the channel
+          from then on, whatever the publish said;
+        - ``dead_max_age``, ``dead_max_count``: bounds of its dead letters.
+
+        Settings committed here hold for every claim and publish that starts
+        afterwards, in every process.
         """
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
-        age_us = None
-        if dead_max_age is not None:
-            age_us = _validate.dead_max_age_us(dead_max_age)
-        if dead_max_count is not None:
-            _validate.dead_max_count(dead_max_count)
-        self._run_timed("", topology.ensure_channel, topic, channel, age_us, dead_max_count)
+        settings = _validate.channel_settings(
+            reset,
+            ordering=ordering,
+            lease=lease,
+            max_attempts=max_attempts,
+            dead_max_age=dead_max_age,
+            dead_max_count=dead_max_count,
+        )
+        self._run_timed("", topology.ensure_channel, topic, channel, settings)
+
+    def channel_settings(self, topic: str, channel: str) -> ChannelSettings:
+        """The stored settings of a channel (see :meth:`ensure_channel`)."""
+        _validate.name(topic, "topic")
+        _validate.name(channel, "channel")
+        return self._run_op("", topology.channel_settings, topic, channel)
+
+    def pause_channel(self, topic: str, channel: str) -> None:
+        """Stop handing out the channel's deliveries, in every process.
+
+        A paused channel still receives deliveries, and leases already held
+        can still be settled and renewed, but no claim or consumer gets
+        anything from it until :meth:`resume_channel`.
+        """
+        self._set_paused(topic, channel, True)
+
+    def resume_channel(self, topic: str, channel: str) -> None:
+        """Hand out the channel's deliveries again; its consumers pick up within
+        a poll interval (at once on PostgreSQL, through NOTIFY)."""
+        self._set_paused(topic, channel, False)
+
+    def _set_paused(self, topic: str, channel: str, paused: bool) -> None:
+        _validate.name(topic, "topic")
+        _validate.name(channel, "channel")
+        self._apply(self._run_op("", topology.set_paused, topic, channel, paused))
+        self.log.info("%s channel %s/%s", "paused" if paused else "resumed", topic, channel)
 
     def delete_topic(self, topic: str) -> None:
         """Delete ``topic`` with its channels, messages, deliveries and counters."""
@@ -556,20 +600,28 @@ class CoreClient:
         check_int(max_messages, "max_messages", 1, MAX_CLAIM)
         lease_s = _validate.lease(lease, self._default_lease)
         channel_id = self._channel_id(topic, channel)
-        return self._claim(topic, channel, channel_id, max_messages, lease_s)
+        return self._claim(topic, channel, channel_id, max_messages, lease_s, lease is None)
 
     def _claim(
-        self, topic: str, channel: str, channel_id: int, limit: int, lease_s: float
+        self,
+        topic: str,
+        channel: str,
+        channel_id: int,
+        limit: int,
+        lease_s: float,
+        channel_lease: bool = False,
     ) -> list[Message]:
+        """Claim with ``lease_s``; with ``channel_lease`` the channel's own lease,
+        when it has one, replaces it."""
         token = secrets.token_hex(16)
-        rows, until, effects = self._run_timed(
-            "claim", consume.claim, channel_id, limit, int(lease_s * US), token
+        rows, now, effects = self._run_timed(
+            "claim", consume.claim, channel_id, limit, int(lease_s * US), token, channel_lease
         )
         if not rows:
             self._channel_maybe_gone(topic, channel)
             return []
         self._apply(effects)
-        return consume.messages_of(rows, topic, channel, channel_id, token, until)
+        return consume.messages_of(rows, topic, channel, channel_id, token, now)
 
     def _ack_and_claim(
         self,
@@ -579,6 +631,7 @@ class CoreClient:
         channel_id: int,
         limit: int,
         lease_s: float,
+        channel_lease: bool = False,
     ) -> tuple[list[Message], list[Message]]:
         """Ack ``acks`` and lease up to ``limit`` more deliveries in one transaction.
 
@@ -587,18 +640,27 @@ class CoreClient:
         (as :meth:`ack_many`) and the messages claimed (as :meth:`claim`).
         """
         if not acks:
-            return [], self._claim(topic, channel, channel_id, limit, lease_s) if limit else []
+            if not limit:
+                return [], []
+            return [], self._claim(topic, channel, channel_id, limit, lease_s, channel_lease)
         if limit <= 0:
             return self.ack_many(acks), []
         token = secrets.token_hex(16)
-        lost, rows, until, effects = self._run_timed(
-            "ack_claim", consume.ack_and_claim, acks, channel_id, limit, int(lease_s * US), token
+        lost, rows, now, effects = self._run_timed(
+            "ack_claim",
+            consume.ack_and_claim,
+            acks,
+            channel_id,
+            limit,
+            int(lease_s * US),
+            token,
+            channel_lease,
         )
         self._apply(effects)
         if not rows:
             self._channel_maybe_gone(topic, channel)
             return lost, []
-        return lost, consume.messages_of(rows, topic, channel, channel_id, token, until)
+        return lost, consume.messages_of(rows, topic, channel, channel_id, token, now)
 
     def ack(self, msg: Message) -> None:
         """Settle ``msg`` as done: its delivery is deleted (the message stays until TTL).
@@ -688,12 +750,16 @@ class CoreClient:
         self._apply(effects)
 
     def renew(self, msg: Message, *, lease: Duration | None = None) -> Any:
-        """Extend ``msg``'s lease to ``lease`` from now (default ``Options.default_lease``).
+        """Extend ``msg``'s lease to ``lease`` from now (default: the channel's
+        ``lease`` setting as the claim read it, else ``Options.default_lease``).
 
         Keeps the token, updates ``msg.lease_expires_at`` and returns the new
         expiry. Raises :class:`LeaseLost` if the lease is no longer current.
         """
-        lease_s = _validate.lease(lease, self._default_lease)
+        if lease is None and msg.channel_lease_us is not None:
+            lease_s = msg.channel_lease_us / US
+        else:
+            lease_s = _validate.lease(lease, self._default_lease)
         until = self._run_timed("settle", consume.renew, msg, int(lease_s * US))
         if until is None:
             raise LeaseLost(_lost_text(msg))

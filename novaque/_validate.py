@@ -6,6 +6,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from datetime import date, datetime
+from typing import Any
 
 from novaque._time import US
 from novaque.errors import InvalidName, InvalidOption, MessageTooLarge
@@ -19,6 +20,7 @@ from novaque.options import (
     dead_max_age,
     seconds,
 )
+from novaque.schema import ORDERINGS
 
 _NAME = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 
@@ -292,3 +294,44 @@ def sync_hint(value: object) -> str:
     if wanted is not None and type(value).__module__.startswith("sqlalchemy"):
         return f"; novaque.aio.AsyncClient works with asyncio's {wanted} (novaque.Client with this)"
     return ""
+
+
+#: The settings ``ensure_channel(reset=...)`` can name.
+CHANNEL_SETTINGS = ("ordering", "lease", "max_attempts", "dead_max_age", "dead_max_count")
+
+
+def channel_settings(reset: object, **given: Any) -> dict[str, Any]:
+    """The columns of ``novaque_channels`` to store, from the settings given (not
+    None) and those named in ``reset`` (stored as their defaults)."""
+    if isinstance(reset, str) or not isinstance(reset, Iterable):
+        raise TypeError(f"reset must be a tuple of setting names, got {type(reset).__name__}")
+    names = list(reset)
+    for item in names:
+        if item not in CHANNEL_SETTINGS:
+            raise InvalidOption(
+                f"reset names {item!r}, which is no channel setting; the settings are "
+                + ", ".join(CHANNEL_SETTINGS)
+            )
+        if given.get(item) is not None:
+            raise InvalidOption(f"{item} is both given and reset")
+    stored: dict[str, Any] = dict.fromkeys(names)
+    if "ordering" in stored:
+        stored["ordering"] = ORDERINGS["standard"]
+    ordering = given.get("ordering")
+    if ordering is not None:
+        if not isinstance(ordering, str):
+            raise TypeError(f"ordering must be a str, got {type(ordering).__name__}")
+        if ordering not in ORDERINGS:
+            raise InvalidOption(
+                f"ordering is {ordering!r}; it must be one of " + ", ".join(map(repr, ORDERINGS))
+            )
+        stored["ordering"] = ORDERINGS[ordering]
+    if given.get("lease") is not None:
+        stored["lease"] = int(lease(given["lease"], 0) * US)
+    if given.get("max_attempts") is not None:
+        stored["max_attempts"] = max_attempts(given["max_attempts"], 1)
+    if given.get("dead_max_age") is not None:
+        stored["dead_max_age"] = dead_max_age_us(given["dead_max_age"])
+    if given.get("dead_max_count") is not None:
+        stored["dead_max_count"] = dead_max_count(given["dead_max_count"])
+    return stored

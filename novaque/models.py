@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 __all__ = [
     "Backlog",
+    "ChannelSettings",
     "Counters",
     "DeadLetter",
     "DeliveryInfo",
@@ -17,6 +18,7 @@ __all__ = [
 ]
 
 DeliveryState = Literal["pending", "ready", "in_flight", "dead"]
+Ordering = Literal["standard", "group_fifo", "strict_fifo"]
 
 
 @dataclass(slots=True)
@@ -40,6 +42,10 @@ class Message:
     lease_token: str
     lease_expires_at: datetime
     channel_id: int = field(default=0, repr=False, compare=False)
+    #: The lease the claim took (microseconds), and the channel's own lease
+    #: setting as the claim read it (None: none), which ``renew`` extends by.
+    lease_us: int = field(default=0, repr=False, compare=False)
+    channel_lease_us: int | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,3 +140,17 @@ class MessageInfo:
     published_at: datetime
     expires_at: datetime
     deliveries: list[DeliveryInfo]
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelSettings:
+    """A channel's settings (see ``Client.ensure_channel``); ``None``: the
+    client's default (``Options``)."""
+
+    ordering: Ordering
+    filter: str | None
+    lease: timedelta | None
+    max_attempts: int | None
+    dead_max_age: timedelta | None
+    dead_max_count: int | None
+    paused: bool

@@ -14,7 +14,8 @@ from novaque.dialects.base import (
     ClaimedRow,
     Dialect,
     T_row,
-    _claim_filter,
+    _channel_lease,
+    _claim_range,
     _dotted,
     _driver_sql,
     _inserted_id,
@@ -42,7 +43,9 @@ class MySQLDialect(Dialect):
     # subqueries: InnoDB locks only the rows of the outer query (a locking
     # clause does not reach a nested subquery), so messages stay unlocked for
     # the consumers of the topic's other channels. Saves the round trip of a
-    # separate SELECT of the messages.
+    # separate SELECT of the messages. The channel's settings come the same
+    # way, unlocked (a locking read of the channel row would make every other
+    # consumer of the channel skip it and claim nothing).
     _lock_ids = (
         sa.select(
             d.c.id,
@@ -53,14 +56,20 @@ class MySQLDialect(Dialect):
                 sa.select(col).where(m.c.id == d.c.message_id).correlate(d).scalar_subquery()
                 for col in (m.c.body, m.c.headers, m.c.published_at)
             ),
+            _channel_lease,
+            sa.select(channels.c.paused)
+            .where(channels.c.id == sa.bindparam("p_channel"))
+            .scalar_subquery(),
         )
-        .where(_claim_filter)
+        .where(_claim_range)
         .order_by(d.c.visible_at, d.c.id)
         .limit(sa.bindparam("p_limit", type_=sa.Integer))
         .with_for_update(skip_locked=True)
     )
     _lease = (
-        sa.update(d).where(d.c.id.in_(sa.bindparam("p_ids", expanding=True))).values(_lease_values)
+        sa.update(d)
+        .where(d.c.id.in_(sa.bindparam("p_ids", expanding=True)))
+        .values({**_lease_values, "visible_at": sa.bindparam("p_until")})
     )
     _lock_leased = (
         sa.select(d.c.id)
@@ -155,15 +164,25 @@ class MySQLDialect(Dialect):
         return [_inserted_id(conn.execute(sa.insert(m), row)) for row in rows]
 
     def claim(
-        self, conn: sa.Connection, channel_id: int, limit: int, now: int, until: int, token: str
+        self,
+        conn: sa.Connection,
+        channel_id: int,
+        limit: int,
+        now: int,
+        until: int,
+        token: str,
+        channel_lease: bool = False,
     ) -> list[ClaimedRow]:
         # No UPDATE ... RETURNING, and no LIMIT inside IN (subquery): lock the
         # rows first (skipping others' locks), then lease exactly those.
         locked = conn.execute(
             self._lock_ids, {"p_channel": channel_id, "p_now": now, "p_limit": limit}
         ).all()
-        if not locked:
+        if not locked or locked[0][8]:  # nothing due, or the channel is paused
             return []
+        lease = locked[0][7]
+        if channel_lease and lease is not None:
+            until = now + int(lease)
         conn.execute(
             self._lease, {"p_ids": [r[0] for r in locked], "p_until": until, "p_token": token}
         )
@@ -179,7 +198,9 @@ class MySQLDialect(Dialect):
                 for r in conn.execute(_message_fields, {"p_ids": late})
             )
         rows = [
-            ClaimedRow(r[0], r[1], r[2] + 1, r[3], bytes(fields[r[1]][0]), *fields[r[1]][1:])
+            ClaimedRow(
+                r[0], r[1], r[2] + 1, r[3], bytes(fields[r[1]][0]), *fields[r[1]][1:], until, lease
+            )
             for r in locked
         ]
         rows.sort(key=lambda row: row.delivery_id)
@@ -197,7 +218,9 @@ class MySQLDialect(Dialect):
                 sa.literal(STATE_READY, sa.SmallInteger),
                 sa.bindparam("p_visible", type_=sa.BigInteger),
                 sa.literal(0, sa.Integer),
-                sa.bindparam("p_max_attempts", type_=sa.Integer),
+                sa.func.coalesce(
+                    channels.c.max_attempts, sa.bindparam("p_max_attempts", type_=sa.Integer)
+                ),
             )
             .join_from(m, channels, channels.c.topic_id == m.c.topic_id)
             .where(

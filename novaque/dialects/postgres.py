@@ -42,6 +42,8 @@ class PostgresDialect(Dialect):
                 m.c.body,
                 m.c.headers,
                 m.c.published_at,
+                claimed.c.visible_at,
+                claimed.c.channel_lease,
             )
             .join_from(claimed, m, m.c.id == claimed.c.message_id)
             .order_by(claimed.c.id)
@@ -80,24 +82,29 @@ class PostgresDialect(Dialect):
             USING unnest(CAST(:ids AS BIGINT[]), CAST(:tokens AS TEXT[])) AS a(id, token)
             WHERE d.id = a.id AND d.lease_token = a.token
             RETURNING d.id, d.lease_token
+        ), ch AS (
+            SELECT lease, paused FROM {channels.name} WHERE id = :p_channel
         ), claimed AS (
             UPDATE {d.name}
-            SET state = {STATE_LEASED}, visible_at = :p_until, lease_token = :p_token,
-                attempts = attempts + 1
+            SET state = {STATE_LEASED}, lease_token = :p_token, attempts = attempts + 1,
+                visible_at = COALESCE(
+                    CASE WHEN :p_channel_lease = 1 THEN :p_now + (SELECT lease FROM ch) END,
+                    :p_until)
             WHERE id IN (
                 SELECT id FROM {d.name}
                 WHERE channel_id = :p_channel AND visible_at <= :p_now
                   AND attempts < max_attempts AND id <> ALL(CAST(:ids AS BIGINT[]))
+                  AND NOT EXISTS (SELECT 1 FROM ch WHERE paused)
                 ORDER BY visible_at, id
                 LIMIT :p_limit
                 FOR UPDATE SKIP LOCKED
             )
-            RETURNING id, message_id, attempts, max_attempts
+            RETURNING id, message_id, attempts, max_attempts, visible_at
         )
-        SELECT 0, id, NULL, NULL, NULL, NULL, NULL, NULL, lease_token FROM acked
+        SELECT 0, id, NULL, NULL, NULL, NULL, NULL, NULL, lease_token, NULL, NULL FROM acked
         UNION ALL
         SELECT 1, c.id, c.message_id, c.attempts, c.max_attempts, m.body, m.headers,
-               m.published_at, NULL
+               m.published_at, NULL, c.visible_at, (SELECT lease FROM ch)
         FROM claimed c JOIN {m.name} m ON m.id = c.message_id
         """
     )
@@ -111,9 +118,10 @@ class PostgresDialect(Dialect):
         now: int,
         until: int,
         token: str,
+        channel_lease: bool = False,
     ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
         ordered = sorted(pairs)
-        params = _claim_params(channel_id, limit, now, until, token)
+        params = _claim_params(channel_id, limit, now, until, token, channel_lease)
         params.update(ids=[p[0] for p in ordered], tokens=[p[1] for p in ordered])
         done: set[tuple[int, str]] = set()
         rows: list[ClaimedRow] = []
@@ -121,7 +129,9 @@ class PostgresDialect(Dialect):
             if r[0] == 0:
                 done.add((int(r[1]), str(r[8])))
             else:
-                rows.append(ClaimedRow(r[1], r[2], r[3], r[4], bytes(r[5]), r[6], r[7]))
+                rows.append(
+                    ClaimedRow(r[1], r[2], r[3], r[4], bytes(r[5]), r[6], r[7], r[9], r[10])
+                )
         rows.sort(key=lambda row: row.delivery_id)
         return done, rows
 
@@ -164,7 +174,8 @@ class PostgresDialect(Dialect):
         ), dl AS (
             INSERT INTO {d.name} (message_id, channel_id, state, visible_at, attempts,
                                   max_attempts)
-            SELECT msg.id, c.id, {STATE_READY}, :visible, 0, :max_attempts
+            SELECT msg.id, c.id, {STATE_READY}, :visible, 0,
+                   COALESCE(c.max_attempts, :max_attempts)
             FROM msg CROSS JOIN {channels.name} c
             WHERE c.topic_id = :topic_id
             ORDER BY msg.id, c.id
@@ -203,13 +214,20 @@ class PostgresDialect(Dialect):
         return _AwaitedPostgresListener(engine) if awaited else _PostgresListener(engine)
 
     def claim(
-        self, conn: sa.Connection, channel_id: int, limit: int, now: int, until: int, token: str
+        self,
+        conn: sa.Connection,
+        channel_id: int,
+        limit: int,
+        now: int,
+        until: int,
+        token: str,
+        channel_lease: bool = False,
     ) -> list[ClaimedRow]:
         # One statement: lock (skipping rows other consumers hold), lease, and
         # return the message with each delivery.
-        params = _claim_params(channel_id, limit, now, until, token)
+        params = _claim_params(channel_id, limit, now, until, token, channel_lease)
         return [
-            ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6])
+            ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6], r[7], r[8])
             for r in conn.execute(self._claim_stmt, params)
         ]
 

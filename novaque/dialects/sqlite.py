@@ -15,6 +15,7 @@ from sqlalchemy.exc import DBAPIError
 from novaque.dialects.base import (
     ClaimedRow,
     Dialect,
+    _channel_lease,
     _claim_ids,
     _claim_params,
     _dotted,
@@ -97,6 +98,8 @@ class SQLiteDialect(Dialect):
                 sa.select(col).where(m.c.id == d.c.message_id).correlate(d).scalar_subquery()
                 for col in (m.c.body, m.c.headers, m.c.published_at)
             ),
+            d.c.visible_at,
+            _channel_lease,
         )
     )
 
@@ -104,11 +107,18 @@ class SQLiteDialect(Dialect):
         return self._claim_stmt
 
     def claim(
-        self, conn: sa.Connection, channel_id: int, limit: int, now: int, until: int, token: str
+        self,
+        conn: sa.Connection,
+        channel_id: int,
+        limit: int,
+        now: int,
+        until: int,
+        token: str,
+        channel_lease: bool = False,
     ) -> list[ClaimedRow]:
-        params = _claim_params(channel_id, limit, now, until, token)
+        params = _claim_params(channel_id, limit, now, until, token, channel_lease)
         rows = [
-            ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6])
+            ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6], r[7], r[8])
             for r in conn.execute(self._claim_stmt, params)
         ]
         rows.sort(key=lambda row: row.delivery_id)
@@ -121,13 +131,14 @@ class SQLiteDialect(Dialect):
     _insert_message_returning = _insert_messages + " RETURNING id"
     _fan_out_one = (
         f"INSERT INTO {d.name} (message_id, channel_id, state, visible_at, attempts, "
-        f"max_attempts) SELECT ?, id, {STATE_READY}, ?, 0, ? FROM {channels.name} "
+        f"max_attempts) SELECT ?, id, {STATE_READY}, ?, 0, coalesce(max_attempts, ?) "
+        f"FROM {channels.name} "
         "WHERE topic_id = ? ORDER BY id RETURNING channel_id"
     )
     _channel_ids = f"SELECT id FROM {channels.name} WHERE topic_id = ? ORDER BY id"
     _fan_out_range = (
         f"INSERT INTO {d.name} (message_id, channel_id, state, visible_at, attempts, "
-        f"max_attempts) SELECT m.id, c.id, {STATE_READY}, ?, 0, ? "
+        f"max_attempts) SELECT m.id, c.id, {STATE_READY}, ?, 0, coalesce(c.max_attempts, ?) "
         f"FROM {m.name} m JOIN {channels.name} c ON c.topic_id = m.topic_id "
         "WHERE m.id BETWEEN ? AND ? AND m.topic_id = ? ORDER BY m.id, c.id"
     )

@@ -348,11 +348,14 @@ def replay_range(
 
 def _replay_channels(
     conn: sa.Connection, topic: str, topic_id: int, names: list[str] | None
-) -> list[int]:
-    query = sa.select(channels.c.name, channels.c.id).where(channels.c.topic_id == topic_id)
+) -> list[tuple[int, int | None]]:
+    """The (id, max_attempts setting) of the channels to replay to, by id."""
+    query = sa.select(channels.c.name, channels.c.id, channels.c.max_attempts).where(
+        channels.c.topic_id == topic_id
+    )
     if names is not None:
         query = query.where(channels.c.name.in_(names))
-    found = {name: int(cid) for name, cid in conn.execute(query)}
+    found = {name: (int(cid), budget) for name, cid, budget in conn.execute(query)}
     for name in names or ():
         if name not in found:
             raise ChannelNotFound(f"channel {name!r} of topic {topic!r} does not exist")
@@ -365,11 +368,12 @@ def _replay_rows(
     now: int,
     tally: Tally,
     topic: str,
-    channel_ids: list[int],
+    channel_ids: list[tuple[int, int | None]],
     wanted: list[tuple[int, int]],
     ttl_us: int,
 ) -> int:
-    """Create the missing deliveries of messages ``wanted`` ((id, max_attempts))."""
+    """Create the missing deliveries of messages ``wanted`` ((id, max_attempts))
+    in the channels ``channel_ids`` ((id, max_attempts setting))."""
     if not channel_ids or not wanted:
         return 0
     ids = [mid for mid, _ in wanted]
@@ -381,10 +385,10 @@ def _replay_rows(
             "state": STATE_READY,
             "visible_at": now,
             "attempts": 0,
-            "max_attempts": attempts,
+            "max_attempts": attempts if budget is None else budget,
         }
         for mid, attempts in wanted
-        for cid in channel_ids
+        for cid, budget in channel_ids
         if (mid, cid) not in live
     ]
     if not rows:

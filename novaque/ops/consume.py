@@ -99,12 +99,13 @@ def claim(
     limit: int,
     lease_us: int,
     token: str,
+    channel_lease: bool = False,
 ) -> tuple[list[dialects.ClaimedRow], int, Effects]:
-    """Lease up to ``limit`` due deliveries with ``token``: the rows, the lease's
-    expiry, and the claims to count."""
-    until = now + lease_us
-    rows = dialect.claim(conn, channel_id, limit, now, until, token)
-    return rows, until, _counted("claimed", now, {channel_id: len(rows)} if rows else {})
+    """Lease up to ``limit`` due deliveries with ``token`` for ``lease_us`` (with
+    ``channel_lease``, for the channel's own lease if it has one): the rows,
+    ``now``, and the claims to count."""
+    rows = dialect.claim(conn, channel_id, limit, now, now + lease_us, token, channel_lease)
+    return rows, now, _counted("claimed", now, {channel_id: len(rows)} if rows else {})
 
 
 def ack(
@@ -133,16 +134,18 @@ def ack_and_claim(
     limit: int,
     lease_us: int,
     token: str,
+    channel_lease: bool = False,
 ) -> tuple[list[Message], list[dialects.ClaimedRow], int, Effects]:
     """:func:`ack` and :func:`claim` in one transaction: the acks whose lease was
-    lost, the rows claimed, the lease's expiry, and what to count."""
-    until = now + lease_us
+    lost, the rows claimed, ``now``, and what to count."""
     pairs = [(msg.delivery_id, msg.lease_token) for msg in acks]
-    done, rows = dialect.ack_and_claim(conn, pairs, channel_id, limit, now, until, token)
+    done, rows = dialect.ack_and_claim(
+        conn, pairs, channel_id, limit, now, now + lease_us, token, channel_lease
+    )
     lost, effects = _settled(acks, done, now)
     if rows:
         effects.tally.add("claimed", day_of(now), {channel_id: len(rows)})
-    return lost, rows, until, effects
+    return lost, rows, now, effects
 
 
 def messages_of(
@@ -151,10 +154,9 @@ def messages_of(
     channel: str,
     channel_id: int,
     token: str,
-    until: int,
+    now: int,
 ) -> list[Message]:
-    """The messages of claimed rows."""
-    expires = from_us(until)
+    """The messages of rows claimed at ``now``."""
     return [
         Message(
             id=row.message_id,
@@ -167,8 +169,10 @@ def messages_of(
             published_at=from_us(row.published_at),
             delivery_id=row.delivery_id,
             lease_token=token,
-            lease_expires_at=expires,
+            lease_expires_at=from_us(row.until),
             channel_id=channel_id,
+            lease_us=row.until - now,
+            channel_lease_us=row.channel_lease,
         )
         for row in rows
     ]
