@@ -18,6 +18,7 @@ from novaque.client import Client, connect
 from novaque.consumer import Consumer
 from novaque.errors import (
     ChannelNotFound,
+    InvalidFilter,
     InvalidName,
     InvalidOption,
     LeaseLost,
@@ -52,6 +53,7 @@ __all__ = [
     "Counters",
     "DeadLetter",
     "DeliveryInfo",
+    "InvalidFilter",
     "InvalidName",
     "InvalidOption",
     "LeaseLost",

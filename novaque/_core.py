@@ -131,6 +131,9 @@ class CoreClient:
         #: Engines of callers' connections whose schema was checked.
         self._checked_engines: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
         self._channel_cache: dict[tuple[str, str], tuple[int, float]] = {}
+        #: Topics last seen with routed channels: published in a transaction
+        #: (a hint only: each publish learns the truth in its own statements).
+        self._routed_topics: set[str] = set()
         self._wake_lock = threading.Lock()
         self._wakers: dict[str, list[Callable[[], None]]] = {}
         self._default_ttl = seconds(self.options.default_ttl, "Options.default_ttl")
@@ -383,20 +386,33 @@ class CoreClient:
         """Publish in novaque's own transaction; the topic id is cached once it committed."""
         topic_id = self._topic_ids.get(topic)
         # One statement where the dialect can: the topic id is known, no dedup
-        # keys, and the bodies fit one INSERT batch.
-        one = topic_id is not None and publish_op.one_statement(
-            params["bodies"], params["dedup_keys"]
+        # keys, the bodies fit one INSERT batch, and the topic was not seen
+        # with routed channels (a filter, an ordering), whose deliveries are
+        # written by a second statement of the same transaction.
+        one = (
+            topic_id is not None
+            and topic not in self._routed_topics
+            and publish_op.one_statement(params["bodies"], params["dedup_keys"])
         )
         try:
             done = self._run_timed(
-                "publish" if one else "", publish_op.publish, topic_id=topic_id, **params
+                "publish" if one else "",
+                publish_op.publish,
+                topic_id=topic_id,
+                routed=not one,
+                **params,
             )
+            if done.declined:  # routed channels after all: nothing was written
+                self._routed_topics.add(topic)
+                done = self._run_timed("", publish_op.publish, topic_id=topic_id, **params)
         except sa.exc.IntegrityError:
             # A cached topic id may belong to a topic deleted elsewhere (ids are
             # never reused, so it cannot name another topic): look it up again.
             if self._topic_ids.pop(topic, None) is None:
                 raise
             done = self._run_timed("", publish_op.publish, topic_id=None, **params)
+        if not done.routed:
+            self._routed_topics.discard(topic)
         self._apply(done.effects(topic))
         return done.ids
 
@@ -406,6 +422,8 @@ class CoreClient:
         self._topic_ids.update(effects.topic_ids)
         for topic in effects.wake:
             self._wake(topic)
+        for text in effects.warnings:
+            self.log.warning("%s", text)
         lonely = effects.no_channel
         if lonely is not None and lonely not in _warned_no_channel:
             _warned_no_channel.add(lonely)
@@ -487,6 +505,7 @@ class CoreClient:
         channel: str,
         *,
         ordering: str | None = None,
+        filter: str | None = None,
         lease: Duration | None = None,
         max_attempts: int | None = None,
         dead_max_age: Duration | None = None,
@@ -502,6 +521,10 @@ class CoreClient:
         return to the client's defaults.
 
         - ``ordering``: ``"standard"``, ``"group_fifo"`` or ``"strict_fifo"``;
+        - ``filter``: a boolean CEL expression over ``headers``, ``group`` and
+          ``topic`` that a message must satisfy to be delivered to the channel
+          (``""`` removes it); compiled and checked here, raising
+          :class:`InvalidFilter` (and storing nothing) for a bad one;
         - ``lease``: of claims and consumers on the channel that name none;
         - ``max_attempts``: the budget of every delivery created in the channel
           from then on, whatever the publish said;
@@ -515,6 +538,7 @@ class CoreClient:
         settings = _validate.channel_settings(
             reset,
             ordering=ordering,
+            filter=filter,
             lease=lease,
             max_attempts=max_attempts,
             dead_max_age=dead_max_age,

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from datetime import date, datetime
 from typing import Any
 
+from novaque import _filters
 from novaque._time import US
 from novaque.errors import InvalidName, InvalidOption, MessageTooLarge
 from novaque.options import (
@@ -297,7 +298,14 @@ def sync_hint(value: object) -> str:
 
 
 #: The settings ``ensure_channel(reset=...)`` can name.
-CHANNEL_SETTINGS = ("ordering", "lease", "max_attempts", "dead_max_age", "dead_max_count")
+CHANNEL_SETTINGS = (
+    "ordering",
+    "filter",
+    "lease",
+    "max_attempts",
+    "dead_max_age",
+    "dead_max_count",
+)
 
 
 def channel_settings(reset: object, **given: Any) -> dict[str, Any]:
@@ -314,7 +322,7 @@ def channel_settings(reset: object, **given: Any) -> dict[str, Any]:
             )
         if given.get(item) is not None:
             raise InvalidOption(f"{item} is both given and reset")
-    stored: dict[str, Any] = dict.fromkeys(names)
+    stored: dict[str, Any] = {("filter_expr" if n == "filter" else n): None for n in names}
     if "ordering" in stored:
         stored["ordering"] = ORDERINGS["standard"]
     ordering = given.get("ordering")
@@ -326,6 +334,8 @@ def channel_settings(reset: object, **given: Any) -> dict[str, Any]:
                 f"ordering is {ordering!r}; it must be one of " + ", ".join(map(repr, ORDERINGS))
             )
         stored["ordering"] = ORDERINGS[ordering]
+    if given.get("filter") is not None:
+        stored["filter_expr"] = _filters.check(given["filter"])
     if given.get("lease") is not None:
         stored["lease"] = int(lease(given["lease"], 0) * US)
     if given.get("max_attempts") is not None:

@@ -138,8 +138,13 @@ _claim_update_returning = (
 _message_fields = sa.select(m.c.id, m.c.body, m.c.headers, m.c.published_at).where(
     m.c.id.in_(sa.bindparam("p_ids", expanding=True))
 )
+#: A channel every message of its topic goes to in publish order: no filter,
+#: standard ordering. The others are "routed": the publish's own statements
+#: skip them and ``novaque.ops.publish`` writes their deliveries.
+PLAIN_CHANNEL_SQL = "{c}filter_expr IS NULL AND {c}ordering = 0"
+plain_channel = sa.and_(channels.c.filter_expr.is_(None), channels.c.ordering == 0)
 _channels_of_topic = (
-    sa.select(channels.c.id, channels.c.max_attempts)
+    sa.select(channels.c.id, channels.c.max_attempts, plain_channel)
     .where(channels.c.topic_id == sa.bindparam("p_topic_id"))
     .order_by(channels.c.id)
 )
@@ -243,17 +248,27 @@ class Dialect:
         fields: dict[str, Any],
         bodies: list[bytes],
         visible: int,
-    ) -> tuple[list[int], dict[int, int]]:
-        """Insert messages without dedup keys and one delivery per channel of the topic.
+        *,
+        routed: bool = True,
+    ) -> tuple[list[int], dict[int, int], bool]:
+        """Insert messages without dedup keys and one delivery per plain channel.
 
         ``fields`` holds the columns every message shares (``topic_id``,
         ``headers``, ``published_at``, ``expires_at``, ``max_attempts``).
-        Returns the message ids in the order of ``bodies`` and the number of
-        deliveries written per channel id; wakes listeners when there are any.
+        Returns the message ids in the order of ``bodies``, the number of
+        deliveries written per channel id, and whether the topic has routed
+        channels (with a filter or an ordering), whose deliveries the caller
+        writes in the same transaction; wakes listeners when it wrote any.
+
+        ``routed=False``: the caller expects no routed channel and may run
+        this as one statement outside a transaction; a dialect that does so
+        then writes nothing when the topic has some (returning no ids).
         """
         ids = self.insert_messages(conn, [{**fields, "body": b, "dedup_key": None} for b in bodies])
-        counts = self.fan_out(conn, topic, fields["topic_id"], ids, visible, fields["max_attempts"])
-        return ids, counts
+        counts, special = self.fan_out(
+            conn, topic, fields["topic_id"], ids, visible, fields["max_attempts"]
+        )
+        return ids, counts, special
 
     def fan_out(
         self,
@@ -263,13 +278,16 @@ class Dialect:
         message_ids: list[int],
         visible: int,
         max_attempts: int,
-    ) -> dict[int, int]:
-        """One delivery per (message, channel the topic has now); the count per channel."""
+    ) -> tuple[dict[int, int], bool]:
+        """One delivery per (message, plain channel the topic has now): the count
+        per channel, and whether the topic has routed channels (see
+        :meth:`publish_plain`)."""
         found = conn.execute(_channels_of_topic, {"p_topic_id": topic_id}).all()
-        if not found:
-            return {}
+        special = any(not r[2] for r in found)
         # A channel's max_attempts setting replaces the publish's.
-        budgets = {r[0]: max_attempts if r[1] is None else r[1] for r in found}
+        budgets = {r[0]: max_attempts if r[1] is None else r[1] for r in found if r[2]}
+        if not budgets:
+            return {}, special
         conn.execute(
             sa.insert(d),
             [
@@ -286,7 +304,7 @@ class Dialect:
             ],
         )
         self.notify(conn, topic)
-        return {cid: len(message_ids) for cid in budgets}
+        return {cid: len(message_ids) for cid in budgets}, special
 
     def notify(self, conn: sa.Connection, topic: str) -> None:
         """Wake listening consumers of ``topic`` when the transaction commits."""

@@ -23,11 +23,19 @@ from novaque.dialects.base import (
     _message_fields,
     d,
     m,
+    plain_channel,
 )
 from novaque.errors import UnsupportedDatabase
 from novaque.schema import COUNTER_COLUMNS, STATE_READY, channels, stats
 
 MIGRATION_LOCK_NAME = "novaque_migrate"
+
+_routed = channels.alias("routed")
+#: Whether the topic has routed channels (see Dialect.publish_plain).
+_routed_exists = sa.exists().where(
+    _routed.c.topic_id == sa.bindparam("p_topic_id"),
+    sa.not_(sa.and_(_routed.c.filter_expr.is_(None), _routed.c.ordering == 0)),
+)
 
 
 def _mysql_code(exc: DBAPIError) -> object:
@@ -226,11 +234,13 @@ class MySQLDialect(Dialect):
             .where(
                 channels.c.topic_id == sa.bindparam("p_topic_id"),
                 m.c.id.in_(sa.bindparam("p_ids", expanding=True)),
+                plain_channel,
             )
             .order_by(m.c.id, channels.c.id),
         )
-        .returning(d.c.channel_id)
+        .returning(d.c.channel_id, _routed_exists)
     )
+    _has_routed = sa.select(_routed_exists)
 
     def fan_out(
         self,
@@ -240,11 +250,12 @@ class MySQLDialect(Dialect):
         message_ids: list[int],
         visible: int,
         max_attempts: int,
-    ) -> dict[int, int]:
+    ) -> tuple[dict[int, int], bool]:
         if not conn.dialect.insert_returning:  # MySQL proper: no INSERT ... RETURNING
             return super().fan_out(conn, topic, topic_id, message_ids, visible, max_attempts)
         counts: dict[int, int] = {}
-        for (channel_id,) in conn.execute(
+        special = None
+        for channel_id, routed in conn.execute(
             self._fan_out_returning,
             {
                 "p_topic_id": topic_id,
@@ -254,7 +265,10 @@ class MySQLDialect(Dialect):
             },
         ):
             counts[channel_id] = counts.get(channel_id, 0) + 1
-        return counts
+            special = bool(routed)
+        if special is None:  # no plain channel said: ask
+            special = bool(conn.execute(self._has_routed, {"p_topic_id": topic_id}).scalar())
+        return counts, special
 
     def delete_leased(self, conn: sa.Connection, ids: Sequence[int], token: str) -> set[int]:
         if conn.dialect.delete_returning:  # MariaDB

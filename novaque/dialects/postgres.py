@@ -12,6 +12,7 @@ from sqlalchemy.exc import DBAPIError
 
 from novaque.dialects.base import (
     NOTIFY_CHANNEL,
+    PLAIN_CHANNEL_SQL,
     ClaimedRow,
     Dialect,
     NotifyListener,
@@ -160,15 +161,23 @@ class PostgresDialect(Dialect):
 
     # One statement does the whole publish: the messages from an array of
     # bodies (in order, so their ids ascend with it), one delivery per
-    # (message, channel the topic has when the statement starts), the count per
-    # channel for the stats, and NOTIFY when deliveries were written.
-    _publish = sa.text(
-        f"""
-        WITH msg AS (
+    # (message, plain channel the topic has when the statement starts), the
+    # count per channel for the stats, NOTIFY when deliveries were written,
+    # and whether the topic has routed channels. Guarded, it writes
+    # nothing when it has (the caller runs outside a transaction and cannot
+    # write their deliveries in the same one: it publishes again in one).
+    _publish_sql = f"""
+        WITH routed AS (
+            SELECT EXISTS (
+                SELECT 1 FROM {channels.name}
+                WHERE topic_id = :topic_id AND NOT ({PLAIN_CHANNEL_SQL.format(c="")})
+            ) AS yes
+        ), msg AS (
             INSERT INTO {m.name} (topic_id, body, headers, published_at, expires_at, max_attempts)
             SELECT :topic_id, u.body, CAST(:headers AS TEXT), :published_at, :expires_at,
                    :max_attempts
             FROM unnest(CAST(:bodies AS BYTEA[])) WITH ORDINALITY AS u(body, n)
+            {{guard}}
             ORDER BY u.n
             RETURNING id
         ), dl AS (
@@ -177,7 +186,7 @@ class PostgresDialect(Dialect):
             SELECT msg.id, c.id, {STATE_READY}, :visible, 0,
                    COALESCE(c.max_attempts, :max_attempts)
             FROM msg CROSS JOIN {channels.name} c
-            WHERE c.topic_id = :topic_id
+            WHERE c.topic_id = :topic_id AND {PLAIN_CHANNEL_SQL.format(c="c.")}
             ORDER BY msg.id, c.id
             RETURNING channel_id
         ), fan AS (
@@ -187,9 +196,11 @@ class PostgresDialect(Dialect):
                ARRAY(SELECT channel_id FROM fan ORDER BY channel_id),
                ARRAY(SELECT n FROM fan ORDER BY channel_id),
                CASE WHEN EXISTS (SELECT 1 FROM dl)
-                    THEN pg_notify('{NOTIFY_CHANNEL}', :topic) END
+                    THEN pg_notify('{NOTIFY_CHANNEL}', :topic) END,
+               (SELECT yes FROM routed)
         """
-    )
+    _publish = sa.text(_publish_sql.format(guard=""))
+    _publish_guarded = sa.text(_publish_sql.format(guard="WHERE NOT (SELECT yes FROM routed)"))
 
     def publish_plain(
         self,
@@ -198,13 +209,15 @@ class PostgresDialect(Dialect):
         fields: dict[str, Any],
         bodies: list[bytes],
         visible: int,
-    ) -> tuple[list[int], dict[int, int]]:
+        *,
+        routed: bool = True,
+    ) -> tuple[list[int], dict[int, int], bool]:
         row = conn.execute(
-            self._publish, {**fields, "bodies": bodies, "visible": visible, "topic": topic}
+            self._publish if routed else self._publish_guarded,
+            {**fields, "bodies": bodies, "visible": visible, "topic": topic},
         ).one()
-        return [int(i) for i in row[0]], {
-            int(c): int(n) for c, n in zip(row[1], row[2], strict=True)
-        }
+        counts = {int(c): int(n) for c, n in zip(row[1], row[2], strict=True)}
+        return [int(i) for i in row[0]], counts, bool(row[4])
 
     def open_listener(self, engine: sa.Engine, *, awaited: bool = False) -> NotifyListener | None:
         try:

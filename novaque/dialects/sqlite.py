@@ -13,6 +13,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import DBAPIError
 
 from novaque.dialects.base import (
+    PLAIN_CHANNEL_SQL,
     ClaimedRow,
     Dialect,
     _channel_lease,
@@ -132,15 +133,24 @@ class SQLiteDialect(Dialect):
     _fan_out_one = (
         f"INSERT INTO {d.name} (message_id, channel_id, state, visible_at, attempts, "
         f"max_attempts) SELECT ?, id, {STATE_READY}, ?, 0, coalesce(max_attempts, ?) "
-        f"FROM {channels.name} "
-        "WHERE topic_id = ? ORDER BY id RETURNING channel_id"
+        f"FROM {channels.name} WHERE topic_id = ? AND {PLAIN_CHANNEL_SQL.format(c='')} "
+        f"ORDER BY id RETURNING channel_id, EXISTS (SELECT 1 FROM {channels.name} "
+        f"WHERE topic_id = ? AND NOT ({PLAIN_CHANNEL_SQL.format(c='')}))"
     )
-    _channel_ids = f"SELECT id FROM {channels.name} WHERE topic_id = ? ORDER BY id"
+    _has_routed = (
+        f"SELECT EXISTS (SELECT 1 FROM {channels.name} "
+        f"WHERE topic_id = ? AND NOT ({PLAIN_CHANNEL_SQL.format(c='')}))"
+    )
+    _channel_ids = (
+        f"SELECT id, {PLAIN_CHANNEL_SQL.format(c='')} FROM {channels.name} "
+        "WHERE topic_id = ? ORDER BY id"
+    )
     _fan_out_range = (
         f"INSERT INTO {d.name} (message_id, channel_id, state, visible_at, attempts, "
         f"max_attempts) SELECT m.id, c.id, {STATE_READY}, ?, 0, coalesce(c.max_attempts, ?) "
         f"FROM {m.name} m JOIN {channels.name} c ON c.topic_id = m.topic_id "
-        "WHERE m.id BETWEEN ? AND ? AND m.topic_id = ? ORDER BY m.id, c.id"
+        f"WHERE m.id BETWEEN ? AND ? AND m.topic_id = ? AND {PLAIN_CHANNEL_SQL.format(c='c.')} "
+        "ORDER BY m.id, c.id"
     )
 
     def publish_plain(
@@ -150,7 +160,9 @@ class SQLiteDialect(Dialect):
         fields: dict[str, Any],
         bodies: list[bytes],
         visible: int,
-    ) -> tuple[list[int], dict[int, int]]:
+        *,
+        routed: bool = True,
+    ) -> tuple[list[int], dict[int, int], bool]:
         if conn.engine not in BEGINS_IMMEDIATE:
             # The caller's transaction: it may not hold the write lock yet.
             return super().publish_plain(conn, topic, fields, bodies, visible)
@@ -170,22 +182,28 @@ class SQLiteDialect(Dialect):
                 ).scalar_one()
             )
             counts: dict[int, int] = {}
-            for (cid,) in conn.exec_driver_sql(
-                self._fan_out_one, (message_id, visible, max_attempts, topic_id)
+            special = None
+            for cid, routed_too in conn.exec_driver_sql(
+                self._fan_out_one, (message_id, visible, max_attempts, topic_id, topic_id)
             ):
                 counts[cid] = 1
-            return [message_id], counts
+                special = bool(routed_too)
+            if special is None:  # no plain channel said: ask
+                special = bool(conn.exec_driver_sql(self._has_routed, (topic_id,)).scalar())
+            return [message_id], counts, special
         conn.exec_driver_sql(
             self._insert_messages, [(topic_id, b, *common, max_attempts) for b in bodies]
         )
         last = int(conn.exec_driver_sql("SELECT last_insert_rowid()").scalar_one())
         first = last - len(bodies) + 1
-        channel_ids = [r[0] for r in conn.exec_driver_sql(self._channel_ids, (topic_id,))]
-        if channel_ids:
+        found = conn.exec_driver_sql(self._channel_ids, (topic_id,)).all()
+        plain = [r[0] for r in found if r[1]]
+        if plain:
             conn.exec_driver_sql(
                 self._fan_out_range, (visible, max_attempts, first, last, topic_id)
             )
-        return list(range(first, last + 1)), {cid: len(bodies) for cid in channel_ids}
+        ids = list(range(first, last + 1))
+        return ids, {cid: len(bodies) for cid in plain}, len(plain) < len(found)
 
     def explain(
         self,

@@ -188,12 +188,14 @@ _deliveries_of = (
 # Locks the message only: replays of one message take turns (no duplicate
 # deliveries) and TTL purge or prune cannot delete it meanwhile.
 _lock_message = (
-    sa.select(m.c.topic_id, m.c.max_attempts).where(m.c.id == _p("p_id")).with_for_update()
+    sa.select(m.c.topic_id, m.c.max_attempts, m.c.headers)
+    .where(m.c.id == _p("p_id"))
+    .with_for_update()
 )
 _topic_name = sa.select(topics.c.name).where(topics.c.id == _p("p_topic_id", sa.Integer))
 _live_pairs = sa.select(d.c.message_id, d.c.channel_id).where(d.c.message_id.in_(_ids()))
 _range_chunk = (
-    sa.select(m.c.id, m.c.max_attempts, m.c.published_at)
+    sa.select(m.c.id, m.c.max_attempts, m.c.published_at, m.c.headers)
     .where(
         m.c.topic_id == _p("p_topic_id", sa.Integer),
         m.c.published_at >= _p("p_since"),

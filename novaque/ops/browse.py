@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from novaque import _validate, dialects
+from novaque import _filters, _validate, dialects
 from novaque._stats import Tally
 from novaque._time import day_of, from_us
 from novaque.errors import ChannelNotFound, MessageNotFound
@@ -296,10 +296,19 @@ def replay(
     topic = conn.execute(_sql._topic_name, {"p_topic_id": topic_id}).scalar_one()
     channel_ids = _replay_channels(conn, topic, topic_id, names)
     tally = Tally()
+    warnings: list[str] = []
     created = _replay_rows(
-        conn, dialect, now, tally, topic, channel_ids, [(message_id, max_attempts)], ttl_us
+        conn,
+        dialect,
+        now,
+        tally,
+        topic,
+        channel_ids,
+        [(message_id, max_attempts, row[2])],
+        ttl_us,
+        warnings,
     )
-    return created, Effects(tally=tally, wake=(topic,) if created else ())
+    return created, Effects(tally=tally, wake=(topic,) if created else (), warnings=tuple(warnings))
 
 
 def replay_range(
@@ -316,6 +325,7 @@ def replay_range(
     topic_id = existing_topic_id(conn, topic)
     channel_ids = _replay_channels(conn, topic, topic_id, names)
     tally = Tally()
+    warnings: list[str] = []
     created = 0
     pub, last_id = first - 1, 0
     while True:
@@ -338,24 +348,35 @@ def replay_range(
                 tally,
                 topic,
                 channel_ids,
-                [(int(r[0]), int(r[1])) for r in rows],
+                [(int(r[0]), int(r[1]), r[3]) for r in rows],
                 ttl_us,
+                warnings,
             )
             pub, last_id = int(rows[-1][2]), int(rows[-1][0])
         if len(rows) < REPLAY_CHUNK:
-            return created, Effects(tally=tally, wake=(topic,) if created else ())
+            return created, Effects(
+                tally=tally, wake=(topic,) if created else (), warnings=tuple(warnings)
+            )
+
+
+#: A channel replayed to: its id, its max_attempts setting, and the filter a
+#: message must pass (None: every message; naming channels bypasses filters).
+ReplayChannel = tuple[int, int | None, str | None]
 
 
 def _replay_channels(
     conn: sa.Connection, topic: str, topic_id: int, names: list[str] | None
-) -> list[tuple[int, int | None]]:
-    """The (id, max_attempts setting) of the channels to replay to, by id."""
-    query = sa.select(channels.c.name, channels.c.id, channels.c.max_attempts).where(
-        channels.c.topic_id == topic_id
-    )
+) -> list[ReplayChannel]:
+    """The channels to replay to, by id."""
+    query = sa.select(
+        channels.c.name, channels.c.id, channels.c.max_attempts, channels.c.filter_expr
+    ).where(channels.c.topic_id == topic_id)
     if names is not None:
         query = query.where(channels.c.name.in_(names))
-    found = {name: (int(cid), budget) for name, cid, budget in conn.execute(query)}
+    found = {
+        name: (int(cid), budget, None if names is not None else expression)
+        for name, cid, budget, expression in conn.execute(query)
+    }
     for name in names or ():
         if name not in found:
             raise ChannelNotFound(f"channel {name!r} of topic {topic!r} does not exist")
@@ -368,16 +389,26 @@ def _replay_rows(
     now: int,
     tally: Tally,
     topic: str,
-    channel_ids: list[tuple[int, int | None]],
-    wanted: list[tuple[int, int]],
+    channel_ids: list[ReplayChannel],
+    wanted: list[tuple[int, int, str | None]],
     ttl_us: int,
+    warnings: list[str],
 ) -> int:
-    """Create the missing deliveries of messages ``wanted`` ((id, max_attempts))
-    in the channels ``channel_ids`` ((id, max_attempts setting))."""
+    """Create the missing deliveries of messages ``wanted`` ((id, max_attempts,
+    headers)) in the channels ``channel_ids`` whose filter takes them."""
     if not channel_ids or not wanted:
         return 0
-    ids = [mid for mid, _ in wanted]
+    ids = [mid for mid, _, _ in wanted]
     live = {(int(a), int(b)) for a, b in conn.execute(_sql._live_pairs, {"p_ids": ids})}
+
+    def taken(expression: str | None, headers: str | None) -> bool:
+        if expression is None:
+            return True
+        verdict = _filters.matches(expression, _validate.decode_headers(headers), None, topic)
+        if isinstance(verdict, str):
+            warnings.append(f"replay to topic {topic}: {verdict}")
+        return verdict is True
+
     rows = [
         {
             "message_id": mid,
@@ -387,9 +418,9 @@ def _replay_rows(
             "attempts": 0,
             "max_attempts": attempts if budget is None else budget,
         }
-        for mid, attempts in wanted
-        for cid, budget in channel_ids
-        if (mid, cid) not in live
+        for mid, attempts, headers in wanted
+        for cid, budget, expression in channel_ids
+        if (mid, cid) not in live and taken(expression, headers)
     ]
     if not rows:
         return 0

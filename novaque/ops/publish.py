@@ -9,13 +9,14 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from novaque import dialects
+from novaque import _filters, _validate, dialects
 from novaque._stats import Tally
 from novaque._time import day_of
+from novaque.dialects.base import plain_channel
 from novaque.ops import Effects
 from novaque.ops.maintain import stats_rows
 from novaque.ops.topology import topic_id_in
-from novaque.schema import messages
+from novaque.schema import STATE_READY, channels, deliveries, messages
 
 #: Largest batch of bodies sent in one INSERT. PyMySQL sends bodies escaped
 #: into the statement text (up to twice their size), and MariaDB's default
@@ -28,13 +29,22 @@ INSERT_BATCH_ROWS = 1000
 class Published:
     """What a publish wrote: the message ids in order, the deliveries per channel,
     its time, how many messages were stored (a repeated dedup key stores none)
-    and the topic's id if it was looked up (to cache once committed)."""
+    and the topic's id if it was looked up (to cache once committed).
+
+    ``routed``: the topic has routed channels (a filter, an ordering).
+    ``declined``: it has, and the publish ran as one statement outside a
+    transaction (``routed=False``): nothing was written; publish again with
+    ``routed=True`` in a transaction. ``warnings``: filters that failed.
+    """
 
     ids: list[int]
     fanout: Counter[int]
     now: int
     stored: int
     learned_topic_id: int | None
+    routed: bool = False
+    declined: bool = False
+    warnings: tuple[str, ...] = ()
 
     def effects(self, topic: str) -> Effects:
         """After the commit: count the deliveries and wake local consumers, or
@@ -45,7 +55,8 @@ class Published:
             tally=tally,
             wake=(topic,) if self.fanout else (),
             topic_ids=() if self.learned_topic_id is None else ((topic, self.learned_topic_id),),
-            no_channel=topic if not self.fanout and self.stored else None,
+            no_channel=topic if not self.fanout and self.stored and not self.routed else None,
+            warnings=self.warnings,
         )
 
 
@@ -72,9 +83,11 @@ def publish(
     ttl_us: int,
     delay_us: int,
     max_attempts: int,
+    routed: bool = True,
 ) -> Published:
     """Publish ``bodies`` to ``topic``; with ``topic_id`` None the id is read (the
-    topic created if missing) in this transaction."""
+    topic created if missing) in this transaction. ``routed=False``: see
+    :attr:`Published.declined`."""
     learned = None
     if topic_id is None:
         topic_id = learned = topic_id_in(conn, dialect, now, topic)
@@ -89,8 +102,74 @@ def publish(
         }
         for body, key in zip(bodies, dedup_keys, strict=True)
     ]
-    ids, fanout, stored = _write_messages(conn, dialect, topic, topic_id, rows, now + delay_us)
-    return Published(ids, fanout, now, stored, learned)
+    written = _write_messages(conn, dialect, topic, topic_id, rows, now + delay_us, routed)
+    ids, fanout, fresh, special = written
+    if special and not ids:
+        return Published([], Counter(), now, 0, learned, routed=True, declined=True)
+    warnings: list[str] = []
+    if special and fresh:
+        fanout.update(
+            _fan_out_routed(
+                conn,
+                dialect,
+                topic,
+                topic_id,
+                fresh,
+                headers,
+                now + delay_us,
+                max_attempts,
+                warnings,
+            )
+        )
+    return Published(ids, fanout, now, len(fresh), learned, special, False, tuple(warnings))
+
+
+_routed_channels = (
+    sa.select(channels.c.id, channels.c.filter_expr, channels.c.max_attempts)
+    .where(channels.c.topic_id == sa.bindparam("p_topic_id"), ~plain_channel)
+    .order_by(channels.c.id)
+)
+
+
+def _fan_out_routed(
+    conn: sa.Connection,
+    dialect: dialects.Dialect,
+    topic: str,
+    topic_id: int,
+    message_ids: list[int],
+    headers: str | None,
+    visible: int,
+    max_attempts: int,
+    warnings: list[str],
+) -> Counter[int]:
+    """The deliveries of the routed channels (a filter, an ordering): those whose
+    filter takes the message (failing closed, the error added to ``warnings``)."""
+    decoded = _validate.decode_headers(headers)
+    rows: list[dict[str, Any]] = []
+    fanout: Counter[int] = Counter()
+    for channel_id, expression, budget in conn.execute(_routed_channels, {"p_topic_id": topic_id}):
+        for message_id in message_ids:
+            if expression is not None:
+                verdict = _filters.matches(expression, decoded, None, topic)
+                if isinstance(verdict, str):
+                    warnings.append(f"channel {channel_id} of topic {topic}: {verdict}")
+                if verdict is not True:
+                    continue
+            rows.append(
+                {
+                    "message_id": message_id,
+                    "channel_id": channel_id,
+                    "state": STATE_READY,
+                    "visible_at": visible,
+                    "attempts": 0,
+                    "max_attempts": max_attempts if budget is None else budget,
+                }
+            )
+            fanout[channel_id] += 1
+    if rows:
+        conn.execute(sa.insert(deliveries), rows)
+        dialect.notify(conn, topic)
+    return fanout
 
 
 def count_here(conn: sa.Connection, dialect: dialects.Dialect, done: Published) -> None:
@@ -110,22 +189,27 @@ def _write_messages(
     topic_id: int,
     rows: list[dict[str, Any]],
     visible: int,
-) -> tuple[list[int], Counter[int], int]:
-    """Insert messages and their deliveries: the ids in order, the deliveries per
-    channel, and how many messages were stored (a repeated dedup key stores none)."""
+    routed: bool,
+) -> tuple[list[int], Counter[int], list[int], bool]:
+    """Insert messages and their deliveries to plain channels: the ids in order,
+    the deliveries per channel, the ids of the messages stored (a repeated dedup
+    key stores none), and whether the topic has routed channels."""
     for row in rows:
         row["topic_id"] = topic_id
     if all(row["dedup_key"] is None for row in rows):
         fields = {k: v for k, v in rows[0].items() if k not in ("body", "dedup_key")}
         new_ids: list[int] = []
         counts: Counter[int] = Counter()
+        special = False
         for chunk in _chunks(list(range(len(rows))), rows):
-            chunk_ids, chunk_counts = dialect.publish_plain(
-                conn, topic, fields, [rows[i]["body"] for i in chunk], visible
+            chunk_ids, chunk_counts, special = dialect.publish_plain(
+                conn, topic, fields, [rows[i]["body"] for i in chunk], visible, routed=routed
             )
+            if special and not chunk_ids:
+                return [], Counter(), [], True  # declined: nothing written
             new_ids += chunk_ids
             counts.update(chunk_counts)
-        return new_ids, counts, len(new_ids)
+        return new_ids, counts, new_ids, special
     ids: list[int | None] = [None] * len(rows)
     fresh: list[int] = []  # ids of the messages really inserted
     plain = [i for i, row in enumerate(rows) if row["dedup_key"] is None]
@@ -143,11 +227,13 @@ def _write_messages(
             if inserted:
                 fresh.append(ids[i])  # type: ignore[arg-type]
     fanout: Counter[int] = Counter()
+    special = False
     if fresh:
-        fanout.update(
-            dialect.fan_out(conn, topic, topic_id, fresh, visible, rows[0]["max_attempts"])
+        counts_fresh, special = dialect.fan_out(
+            conn, topic, topic_id, fresh, visible, rows[0]["max_attempts"]
         )
-    return [int(i) for i in ids if i is not None], fanout, len(fresh)
+        fanout.update(counts_fresh)
+    return [int(i) for i in ids if i is not None], fanout, fresh, special
 
 
 def _insert_deduplicated(
