@@ -250,6 +250,7 @@ class CoreClient:
         max_attempts: int | None = None,
         headers: dict[str, str] | None = None,
         dedup_key: str | None = None,
+        group: str | None = None,
         connection: sa.Connection | None = None,
         session: Session | None = None,
     ) -> int:
@@ -261,7 +262,9 @@ class CoreClient:
         otherwise novaque commits it before returning. A topic that does not
         exist is created. With ``dedup_key``, publishing again with the same
         key while the first message lives returns the first id and writes
-        nothing.
+        nothing. ``group`` (1-200 characters) is the message's ordering key:
+        a ``group_fifo`` channel hands out the messages of one group one at a
+        time, in order (see the guide, "Ordering and routing").
         """
         return self._publish(
             topic,
@@ -271,6 +274,7 @@ class CoreClient:
             max_attempts=max_attempts,
             headers=headers,
             dedup_keys=[_validate.dedup_key(dedup_key)],
+            groups=[_validate.group(group)],
             connection=connection,
             session=session,
         )[0]
@@ -285,14 +289,15 @@ class CoreClient:
         max_attempts: int | None = None,
         headers: dict[str, str] | None = None,
         dedup_keys: Sequence[str | None] | None = None,
+        groups: Sequence[str | None] | None = None,
         connection: sa.Connection | None = None,
         session: Session | None = None,
     ) -> list[int]:
         """Publish many messages to ``topic`` in one transaction with bulk inserts.
 
         Returns their ids in order. ``delay``, ``ttl``, ``max_attempts`` and
-        ``headers`` apply to every message; ``dedup_keys``, if given, has one
-        key (or None) per body.
+        ``headers`` apply to every message; ``dedup_keys`` and ``groups``, if
+        given, have one key (or None) per body.
         """
         body_list = list(bodies)
         if dedup_keys is None:
@@ -303,6 +308,16 @@ class CoreClient:
                 raise InvalidOption(
                     f"dedup_keys has {len(keys)} entries for {len(body_list)} bodies"
                 )
+        if groups is None:
+            group_list: list[str | None] = [None] * len(body_list)
+        else:
+            if isinstance(groups, str):
+                raise TypeError("groups must be a sequence of str or None, one per body")
+            group_list = [_validate.group(g) for g in groups]
+            if len(group_list) != len(body_list):
+                raise InvalidOption(
+                    f"groups has {len(group_list)} entries for {len(body_list)} bodies"
+                )
         return self._publish(
             topic,
             body_list,
@@ -311,6 +326,7 @@ class CoreClient:
             max_attempts=max_attempts,
             headers=headers,
             dedup_keys=keys,
+            groups=group_list,
             connection=connection,
             session=session,
         )
@@ -325,6 +341,7 @@ class CoreClient:
         max_attempts: int | None,
         headers: dict[str, str] | None,
         dedup_keys: list[str | None],
+        groups: list[str | None],
         connection: sa.Connection | None,
         session: Session | None,
     ) -> list[int]:
@@ -352,6 +369,7 @@ class CoreClient:
             "topic": topic,
             "bodies": data,
             "dedup_keys": dedup_keys,
+            "groups": groups,
             "headers": header_text,
             "ttl_us": int(ttl_s * US),
             "delay_us": int(delay_s * US),

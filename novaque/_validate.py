@@ -156,21 +156,26 @@ def max_attempts(value: object, default: int) -> int:
     return check_int(default if value is None else value, "max_attempts", 1, MAX_ATTEMPTS)
 
 
-def dedup_key(value: object) -> str | None:
+def dedup_key(value: object, name: str = "dedup_key") -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise TypeError(f"dedup_key must be a str, got {type(value).__name__}")
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
     if not 1 <= len(value) <= MAX_DEDUP_KEY:
-        raise InvalidOption(f"dedup_key must be 1-200 characters, got {len(value)}")
+        raise InvalidOption(f"{name} must be 1-200 characters, got {len(value)}")
     # A key is looked up exactly: refuse what cannot be stored, never alter it.
     bad = _UNSTORABLE.search(value)
     if bad is not None:
         raise InvalidOption(
-            f"dedup_key {value[:60]!r} holds {bad.group()!r} at index {bad.start()}: "
+            f"{name} {value[:60]!r} holds {bad.group()!r} at index {bad.start()}: "
             "a key may not contain NUL or lone surrogates (U+D800-U+DFFF)"
         )
     return value
+
+
+def group(value: object) -> str | None:
+    """An ordering key (``publish(group=...)``): 1-200 characters, compared exactly."""
+    return dedup_key(value, "group")
 
 
 def error_text(error: object) -> str | None:

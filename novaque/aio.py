@@ -153,6 +153,7 @@ class AsyncClient:
         max_attempts: int | None = None,
         headers: dict[str, str] | None = None,
         dedup_key: str | None = None,
+        group: str | None = None,
         connection: AsyncConnection | None = None,
         session: AsyncSession | None = None,
     ) -> int:
@@ -173,6 +174,7 @@ class AsyncClient:
             max_attempts=max_attempts,
             headers=headers,
             dedup_key=dedup_key,
+            group=group,
             connection=conn,
             session=sess,
         )
@@ -187,6 +189,7 @@ class AsyncClient:
         max_attempts: int | None = None,
         headers: dict[str, str] | None = None,
         dedup_keys: Sequence[str | None] | None = None,
+        groups: Sequence[str | None] | None = None,
         connection: AsyncConnection | None = None,
         session: AsyncSession | None = None,
     ) -> list[int]:
@@ -202,6 +205,7 @@ class AsyncClient:
             max_attempts=max_attempts,
             headers=headers,
             dedup_keys=dedup_keys,
+            groups=groups,
             connection=conn,
             session=sess,
         )

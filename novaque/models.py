@@ -41,11 +41,15 @@ class Message:
     delivery_id: int
     lease_token: str
     lease_expires_at: datetime
+    #: The ordering key given at publish (None when none).
+    group: str | None = None
     channel_id: int = field(default=0, repr=False, compare=False)
     #: The lease the claim took (microseconds), and the channel's own lease
     #: setting as the claim read it (None: none), which ``renew`` extends by.
     lease_us: int = field(default=0, repr=False, compare=False)
     channel_lease_us: int | None = field(default=None, repr=False, compare=False)
+    #: Whether the delivery is ordered in its channel (its group waits on it).
+    ordered: bool = field(default=False, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +144,8 @@ class MessageInfo:
     published_at: datetime
     expires_at: datetime
     deliveries: list[DeliveryInfo]
+    #: The ordering key given at publish (None when none).
+    group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

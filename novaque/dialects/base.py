@@ -78,6 +78,10 @@ class ClaimedRow:
     #: None when it has none) as the claim read it.
     until: int
     channel_lease: int | None
+    #: The message's group, and whether the delivery is ordered in its
+    #: channel (it has a group key there: group_fifo with a group, strict_fifo).
+    group: str | None = None
+    ordered: bool = False
 
 
 # -- statements shared by several dialects ------------------------------------
@@ -133,9 +137,10 @@ _claim_update_returning = (
         d.c.max_attempts,
         d.c.visible_at,
         _channel_lease.label("channel_lease"),
+        d.c.group_key.isnot(None).label("ordered"),
     )
 )
-_message_fields = sa.select(m.c.id, m.c.body, m.c.headers, m.c.published_at).where(
+_message_fields = sa.select(m.c.id, m.c.body, m.c.headers, m.c.published_at, m.c.group_key).where(
     m.c.id.in_(sa.bindparam("p_ids", expanding=True))
 )
 #: A channel every message of its topic goes to in publish order: no filter,
@@ -250,11 +255,13 @@ class Dialect:
         visible: int,
         *,
         routed: bool = True,
+        groups: Sequence[str | None] | None = None,
     ) -> tuple[list[int], dict[int, int], bool]:
         """Insert messages without dedup keys and one delivery per plain channel.
 
         ``fields`` holds the columns every message shares (``topic_id``,
-        ``headers``, ``published_at``, ``expires_at``, ``max_attempts``).
+        ``headers``, ``published_at``, ``expires_at``, ``max_attempts``);
+        ``groups`` one ordering key (or None) per body (default: none).
         Returns the message ids in the order of ``bodies``, the number of
         deliveries written per channel id, and whether the topic has routed
         channels (with a filter or an ordering), whose deliveries the caller
@@ -264,7 +271,14 @@ class Dialect:
         this as one statement outside a transaction; a dialect that does so
         then writes nothing when the topic has some (returning no ids).
         """
-        ids = self.insert_messages(conn, [{**fields, "body": b, "dedup_key": None} for b in bodies])
+        keys = groups if groups is not None else [None] * len(bodies)
+        ids = self.insert_messages(
+            conn,
+            [
+                {**fields, "body": b, "dedup_key": None, "group_key": g}
+                for b, g in zip(bodies, keys, strict=True)
+            ],
+        )
         counts, special = self.fan_out(
             conn, topic, fields["topic_id"], ids, visible, fields["max_attempts"]
         )
@@ -412,7 +426,7 @@ class Dialect:
         self, conn: sa.Connection, leased: Sequence[tuple[Any, ...]]
     ) -> list[ClaimedRow]:
         """Rows of (delivery id, message id, attempts, max_attempts, until,
-        channel lease) with their messages read."""
+        channel lease, ordered) with their messages read."""
         if not leased:
             return []
         ids = sorted({row[1] for row in leased})
@@ -428,8 +442,10 @@ class Dialect:
                 found[mid][3],
                 int(until),
                 channel_lease,
+                found[mid][4],
+                bool(ordered),
             )
-            for did, mid, attempts, max_attempts, until, channel_lease in leased
+            for did, mid, attempts, max_attempts, until, channel_lease, ordered in leased
         ]
         rows.sort(key=lambda row: row.delivery_id)
         return rows

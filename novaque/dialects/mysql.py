@@ -68,6 +68,8 @@ class MySQLDialect(Dialect):
             sa.select(channels.c.paused)
             .where(channels.c.id == sa.bindparam("p_channel"))
             .scalar_subquery(),
+            sa.select(m.c.group_key).where(m.c.id == d.c.message_id).correlate(d).scalar_subquery(),
+            d.c.group_key.isnot(None),
         )
         .where(_claim_range)
         .order_by(d.c.visible_at, d.c.id)
@@ -199,18 +201,30 @@ class MySQLDialect(Dialect):
         # after it began comes with its message fields NULL. A new statement
         # has a new snapshot (READ COMMITTED) that holds them.
         late = sorted({int(r[1]) for r in locked if r[4] is None})
-        fields = {int(r[1]): (r[4], r[5], r[6]) for r in locked if r[4] is not None}
+        fields = {int(r[1]): (r[4], r[5], r[6], r[9]) for r in locked if r[4] is not None}
         if late:
             fields.update(
-                (int(r[0]), (r[1], r[2], r[3]))
+                (int(r[0]), (r[1], r[2], r[3], r[4]))
                 for r in conn.execute(_message_fields, {"p_ids": late})
             )
-        rows = [
-            ClaimedRow(
-                r[0], r[1], r[2] + 1, r[3], bytes(fields[r[1]][0]), *fields[r[1]][1:], until, lease
+        rows = []
+        for r in locked:
+            body, headers, published_at, group = fields[r[1]]
+            rows.append(
+                ClaimedRow(
+                    r[0],
+                    r[1],
+                    r[2] + 1,
+                    r[3],
+                    bytes(body),
+                    headers,
+                    published_at,
+                    until,
+                    lease,
+                    group,
+                    bool(r[10]),
+                )
             )
-            for r in locked
-        ]
         rows.sort(key=lambda row: row.delivery_id)
         return rows
 

@@ -45,6 +45,8 @@ class PostgresDialect(Dialect):
                 m.c.published_at,
                 claimed.c.visible_at,
                 claimed.c.channel_lease,
+                m.c.group_key,
+                claimed.c.ordered,
             )
             .join_from(claimed, m, m.c.id == claimed.c.message_id)
             .order_by(claimed.c.id)
@@ -100,12 +102,15 @@ class PostgresDialect(Dialect):
                 LIMIT :p_limit
                 FOR UPDATE SKIP LOCKED
             )
-            RETURNING id, message_id, attempts, max_attempts, visible_at
+            RETURNING id, message_id, attempts, max_attempts, visible_at,
+                      group_key IS NOT NULL AS ordered
         )
-        SELECT 0, id, NULL, NULL, NULL, NULL, NULL, NULL, lease_token, NULL, NULL FROM acked
+        SELECT 0, id, NULL, NULL, NULL, NULL, NULL, NULL, lease_token, NULL, NULL, NULL, NULL
+        FROM acked
         UNION ALL
         SELECT 1, c.id, c.message_id, c.attempts, c.max_attempts, m.body, m.headers,
-               m.published_at, NULL, c.visible_at, (SELECT lease FROM ch)
+               m.published_at, NULL, c.visible_at, (SELECT lease FROM ch), m.group_key,
+               c.ordered
         FROM claimed c JOIN {m.name} m ON m.id = c.message_id
         """
     )
@@ -131,7 +136,9 @@ class PostgresDialect(Dialect):
                 done.add((int(r[1]), str(r[8])))
             else:
                 rows.append(
-                    ClaimedRow(r[1], r[2], r[3], r[4], bytes(r[5]), r[6], r[7], r[9], r[10])
+                    ClaimedRow(
+                        r[1], r[2], r[3], r[4], bytes(r[5]), r[6], r[7], r[9], r[10], r[11], r[12]
+                    )
                 )
         rows.sort(key=lambda row: row.delivery_id)
         return done, rows
@@ -173,10 +180,12 @@ class PostgresDialect(Dialect):
                 WHERE topic_id = :topic_id AND NOT ({PLAIN_CHANNEL_SQL.format(c="")})
             ) AS yes
         ), msg AS (
-            INSERT INTO {m.name} (topic_id, body, headers, published_at, expires_at, max_attempts)
+            INSERT INTO {m.name} (topic_id, body, headers, published_at, expires_at, max_attempts,
+                                  group_key)
             SELECT :topic_id, u.body, CAST(:headers AS TEXT), :published_at, :expires_at,
-                   :max_attempts
-            FROM unnest(CAST(:bodies AS BYTEA[])) WITH ORDINALITY AS u(body, n)
+                   :max_attempts, u.grp
+            FROM unnest(CAST(:bodies AS BYTEA[]), CAST(:groups AS TEXT[]))
+                 WITH ORDINALITY AS u(body, grp, n)
             {{guard}}
             ORDER BY u.n
             RETURNING id
@@ -211,10 +220,12 @@ class PostgresDialect(Dialect):
         visible: int,
         *,
         routed: bool = True,
+        groups: Sequence[str | None] | None = None,
     ) -> tuple[list[int], dict[int, int], bool]:
+        keys = list(groups) if groups is not None else [None] * len(bodies)
         row = conn.execute(
             self._publish if routed else self._publish_guarded,
-            {**fields, "bodies": bodies, "visible": visible, "topic": topic},
+            {**fields, "bodies": bodies, "groups": keys, "visible": visible, "topic": topic},
         ).one()
         counts = {int(c): int(n) for c, n in zip(row[1], row[2], strict=True)}
         return [int(i) for i in row[0]], counts, bool(row[4])
@@ -240,7 +251,7 @@ class PostgresDialect(Dialect):
         # return the message with each delivery.
         params = _claim_params(channel_id, limit, now, until, token, channel_lease)
         return [
-            ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6], r[7], r[8])
+            ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6], r[7], r[8], r[9], r[10])
             for r in conn.execute(self._claim_stmt, params)
         ]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -101,6 +101,8 @@ class SQLiteDialect(Dialect):
             ),
             d.c.visible_at,
             _channel_lease,
+            sa.select(m.c.group_key).where(m.c.id == d.c.message_id).correlate(d).scalar_subquery(),
+            d.c.group_key.isnot(None),
         )
     )
 
@@ -119,15 +121,17 @@ class SQLiteDialect(Dialect):
     ) -> list[ClaimedRow]:
         params = _claim_params(channel_id, limit, now, until, token, channel_lease)
         rows = [
-            ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6], r[7], r[8])
+            ClaimedRow(
+                r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6], r[7], r[8], r[9], bool(r[10])
+            )
             for r in conn.execute(self._claim_stmt, params)
         ]
         rows.sort(key=lambda row: row.delivery_id)
         return rows
 
     _insert_messages = (
-        f"INSERT INTO {m.name} (topic_id, body, headers, published_at, expires_at, max_attempts) "
-        "VALUES (?, ?, ?, ?, ?, ?)"
+        f"INSERT INTO {m.name} (topic_id, body, headers, published_at, expires_at, max_attempts, "
+        "group_key) VALUES (?, ?, ?, ?, ?, ?, ?)"
     )
     _insert_message_returning = _insert_messages + " RETURNING id"
     _fan_out_one = (
@@ -162,10 +166,12 @@ class SQLiteDialect(Dialect):
         visible: int,
         *,
         routed: bool = True,
+        groups: Sequence[str | None] | None = None,
     ) -> tuple[list[int], dict[int, int], bool]:
         if conn.engine not in BEGINS_IMMEDIATE:
             # The caller's transaction: it may not hold the write lock yet.
-            return super().publish_plain(conn, topic, fields, bodies, visible)
+            return super().publish_plain(conn, topic, fields, bodies, visible, groups=groups)
+        keys = list(groups) if groups is not None else [None] * len(bodies)
         # novaque's own transaction began with BEGIN IMMEDIATE: nobody else
         # writes until it ends, so the AUTOINCREMENT ids of the rows inserted
         # by one executemany are consecutive, ending at last_insert_rowid(),
@@ -178,7 +184,8 @@ class SQLiteDialect(Dialect):
             # One message: two statements, each returning what is needed.
             message_id = int(
                 conn.exec_driver_sql(
-                    self._insert_message_returning, (topic_id, bodies[0], *common, max_attempts)
+                    self._insert_message_returning,
+                    (topic_id, bodies[0], *common, max_attempts, keys[0]),
                 ).scalar_one()
             )
             counts: dict[int, int] = {}
@@ -192,7 +199,8 @@ class SQLiteDialect(Dialect):
                 special = bool(conn.exec_driver_sql(self._has_routed, (topic_id,)).scalar())
             return [message_id], counts, special
         conn.exec_driver_sql(
-            self._insert_messages, [(topic_id, b, *common, max_attempts) for b in bodies]
+            self._insert_messages,
+            [(topic_id, b, *common, max_attempts, g) for b, g in zip(bodies, keys, strict=True)],
         )
         last = int(conn.exec_driver_sql("SELECT last_insert_rowid()").scalar_one())
         first = last - len(bodies) + 1

@@ -173,7 +173,15 @@ _dead_beyond = (
 # -- messages ---------------------------------------------------------------------------
 
 _message = (
-    sa.select(m.c.id, topics.c.name, m.c.body, m.c.headers, m.c.published_at, m.c.expires_at)
+    sa.select(
+        m.c.id,
+        topics.c.name,
+        m.c.body,
+        m.c.headers,
+        m.c.published_at,
+        m.c.expires_at,
+        m.c.group_key,
+    )
     .join_from(m, topics, topics.c.id == m.c.topic_id)
     .where(m.c.id == _p("p_id"))
 )

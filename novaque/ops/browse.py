@@ -221,7 +221,7 @@ def list_messages(
     after: int,
 ) -> list[MessageInfo]:
     stmt = (
-        sa.select(m.c.id, m.c.body, m.c.headers, m.c.published_at, m.c.expires_at)
+        sa.select(m.c.id, m.c.body, m.c.headers, m.c.published_at, m.c.expires_at, m.c.group_key)
         .where(m.c.topic_id == _sql._p("p_topic_id", sa.Integer), m.c.id > _sql._p("p_after"))
         .order_by(m.c.id)
         .limit(_sql._p("p_limit", sa.Integer))
@@ -246,7 +246,8 @@ def _with_deliveries(
     topic_of: dict[int, str],
     fields: list[Any],
 ) -> list[MessageInfo]:
-    """MessageInfo for messages ``ids`` (fields: body, headers, published, expires)."""
+    """MessageInfo for messages ``ids`` (fields: body, headers, published, expires,
+    group)."""
     if not ids:
         return []
     found: dict[int, list[DeliveryInfo]] = {i: [] for i in ids}
@@ -271,8 +272,9 @@ def _with_deliveries(
             published_at=from_us(published),
             expires_at=from_us(expires),
             deliveries=found[i],
+            group=group,
         )
-        for i, (body, headers, published, expires) in zip(ids, fields, strict=True)
+        for i, (body, headers, published, expires, group) in zip(ids, fields, strict=True)
     ]
 
 

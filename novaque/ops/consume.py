@@ -171,8 +171,10 @@ def messages_of(
             lease_token=token,
             lease_expires_at=from_us(row.until),
             channel_id=channel_id,
+            group=row.group,
             lease_us=row.until - now,
             channel_lease_us=row.channel_lease,
+            ordered=row.ordered,
         )
         for row in rows
     ]

@@ -83,6 +83,7 @@ def publish(
     ttl_us: int,
     delay_us: int,
     max_attempts: int,
+    groups: Sequence[str | None] | None = None,
     routed: bool = True,
 ) -> Published:
     """Publish ``bodies`` to ``topic``; with ``topic_id`` None the id is read (the
@@ -99,8 +100,9 @@ def publish(
             "expires_at": now + ttl_us,
             "max_attempts": max_attempts,
             "dedup_key": key,
+            "group_key": group,
         }
-        for body, key in zip(bodies, dedup_keys, strict=True)
+        for body, key, group in zip(bodies, dedup_keys, groups or [None] * len(bodies), strict=True)
     ]
     written = _write_messages(conn, dialect, topic, topic_id, rows, now + delay_us, routed)
     ids, fanout, fresh, special = written
@@ -197,13 +199,19 @@ def _write_messages(
     for row in rows:
         row["topic_id"] = topic_id
     if all(row["dedup_key"] is None for row in rows):
-        fields = {k: v for k, v in rows[0].items() if k not in ("body", "dedup_key")}
+        fields = {k: v for k, v in rows[0].items() if k not in ("body", "dedup_key", "group_key")}
         new_ids: list[int] = []
         counts: Counter[int] = Counter()
         special = False
         for chunk in _chunks(list(range(len(rows))), rows):
             chunk_ids, chunk_counts, special = dialect.publish_plain(
-                conn, topic, fields, [rows[i]["body"] for i in chunk], visible, routed=routed
+                conn,
+                topic,
+                fields,
+                [rows[i]["body"] for i in chunk],
+                visible,
+                routed=routed,
+                groups=[rows[i]["group_key"] for i in chunk],
             )
             if special and not chunk_ids:
                 return [], Counter(), [], True  # declined: nothing written
