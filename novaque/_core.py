@@ -689,7 +689,7 @@ class CoreClient:
             return self.ack_many(acks), []
         token = secrets.token_hex(16)
         lost, rows, now, effects = self._run_timed(
-            "ack_claim",
+            "" if consume.ordered(acks) else "ack_claim",
             consume.ack_and_claim,
             acks,
             channel_id,
@@ -716,7 +716,7 @@ class CoreClient:
         """Ack many messages in one transaction; return those whose lease was lost."""
         if not msgs:
             return []
-        lost, effects = self._run_timed("ack", consume.ack, msgs)
+        lost, effects = self._run_timed("" if consume.ordered(msgs) else "ack", consume.ack, msgs)
         self._apply(effects)
         return lost
 
@@ -786,7 +786,8 @@ class CoreClient:
         self._bury(msg, _validate.reason(reason), None)
 
     def _bury(self, msg: Message, reason: str, error: str | None) -> None:
-        changed, effects = self._run_timed("settle", consume.kill, msg, reason, error)
+        op = "" if consume.ordered([msg]) else "settle"
+        changed, effects = self._run_timed(op, consume.kill, msg, reason, error)
         if not changed:
             raise LeaseLost(_lost_text(msg))
         self._apply(effects)

@@ -48,8 +48,9 @@ class Message:
     #: setting as the claim read it (None: none), which ``renew`` extends by.
     lease_us: int = field(default=0, repr=False, compare=False)
     channel_lease_us: int | None = field(default=None, repr=False, compare=False)
-    #: Whether the delivery is ordered in its channel (its group waits on it).
-    ordered: bool = field(default=False, repr=False, compare=False)
+    #: The delivery's key in its channel's ordering (None: its group, if any,
+    #: waits on nothing): settling it may hand its group's next delivery out.
+    order_key: str | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from novaque.schema import (
     STATE_READY,
     channels,
     deliveries,
+    groups,
     messages,
     stats,
 )
@@ -78,10 +79,10 @@ class ClaimedRow:
     #: None when it has none) as the claim read it.
     until: int
     channel_lease: int | None
-    #: The message's group, and whether the delivery is ordered in its
-    #: channel (it has a group key there: group_fifo with a group, strict_fifo).
+    #: The message's group, and the delivery's key in its channel's ordering
+    #: (None: unordered; the group on group_fifo, "" on strict_fifo).
     group: str | None = None
-    ordered: bool = False
+    order_key: str | None = None
 
 
 # -- statements shared by several dialects ------------------------------------
@@ -137,7 +138,7 @@ _claim_update_returning = (
         d.c.max_attempts,
         d.c.visible_at,
         _channel_lease.label("channel_lease"),
-        d.c.group_key.isnot(None).label("ordered"),
+        d.c.group_key.label("order_key"),
     )
 )
 _message_fields = sa.select(m.c.id, m.c.body, m.c.headers, m.c.published_at, m.c.group_key).where(
@@ -358,6 +359,24 @@ class Dialect:
         found = conn.execute(stmt, row).scalar_one_or_none()
         return None if found is None else int(found)
 
+    def lock_group(
+        self, conn: sa.Connection, channel_id: int, group_key: str, proposed: int
+    ) -> int:
+        """Lock the row of a (channel, group) of an ordered channel, creating it with
+        ``proposed`` as its head if missing; return its head delivery id.
+
+        Held to the end of the transaction: another writer of the group waits,
+        then sees what this one committed.
+        """
+        insert = self._insert(groups).values(
+            channel_id=channel_id, group_key=group_key, head_id=proposed
+        )
+        stmt = insert.on_conflict_do_update(
+            index_elements=[groups.c.channel_id, groups.c.group_key],
+            set_={"head_id": groups.c.head_id},
+        ).returning(groups.c.head_id)
+        return int(conn.execute(stmt).scalar_one())
+
     def delete_deliveries(self, conn: sa.Connection, where: sa.ColumnElement[bool]) -> list[int]:
         """Delete the deliveries matching ``where``; the channel id of each one deleted.
 
@@ -426,7 +445,7 @@ class Dialect:
         self, conn: sa.Connection, leased: Sequence[tuple[Any, ...]]
     ) -> list[ClaimedRow]:
         """Rows of (delivery id, message id, attempts, max_attempts, until,
-        channel lease, ordered) with their messages read."""
+        channel lease, order key) with their messages read."""
         if not leased:
             return []
         ids = sorted({row[1] for row in leased})
@@ -443,9 +462,9 @@ class Dialect:
                 int(until),
                 channel_lease,
                 found[mid][4],
-                bool(ordered),
+                order_key,
             )
-            for did, mid, attempts, max_attempts, until, channel_lease, ordered in leased
+            for did, mid, attempts, max_attempts, until, channel_lease, order_key in leased
         ]
         rows.sort(key=lambda row: row.delivery_id)
         return rows

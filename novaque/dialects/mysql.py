@@ -26,7 +26,7 @@ from novaque.dialects.base import (
     plain_channel,
 )
 from novaque.errors import UnsupportedDatabase
-from novaque.schema import COUNTER_COLUMNS, STATE_READY, channels, stats
+from novaque.schema import COUNTER_COLUMNS, STATE_READY, channels, groups, stats
 
 MIGRATION_LOCK_NAME = "novaque_migrate"
 
@@ -69,7 +69,7 @@ class MySQLDialect(Dialect):
             .where(channels.c.id == sa.bindparam("p_channel"))
             .scalar_subquery(),
             sa.select(m.c.group_key).where(m.c.id == d.c.message_id).correlate(d).scalar_subquery(),
-            d.c.group_key.isnot(None),
+            d.c.group_key,
         )
         .where(_claim_range)
         .order_by(d.c.visible_at, d.c.id)
@@ -222,7 +222,7 @@ class MySQLDialect(Dialect):
                     until,
                     lease,
                     group,
-                    bool(r[10]),
+                    r[10],
                 )
             )
         rows.sort(key=lambda row: row.delivery_id)
@@ -283,6 +283,30 @@ class MySQLDialect(Dialect):
         if special is None:  # no plain channel said: ask
             special = bool(conn.execute(self._has_routed, {"p_topic_id": topic_id}).scalar())
         return counts, special
+
+    _group_head = (
+        sa.select(groups.c.head_id)
+        .where(
+            groups.c.channel_id == sa.bindparam("p_channel"),
+            groups.c.group_key == sa.bindparam("p_key"),
+        )
+        .with_for_update()
+    )
+
+    def lock_group(
+        self, conn: sa.Connection, channel_id: int, group_key: str, proposed: int
+    ) -> int:
+        # No RETURNING of an upsert: insert or lock the existing row (a no-op
+        # update locks it), then read it, ours for the rest of the transaction.
+        insert = mysql_dialect.insert(groups).values(
+            channel_id=channel_id, group_key=group_key, head_id=proposed
+        )
+        conn.execute(insert.on_duplicate_key_update(head_id=groups.c.head_id))
+        return int(
+            conn.execute(
+                self._group_head, {"p_channel": channel_id, "p_key": group_key}
+            ).scalar_one()
+        )
 
     def delete_leased(self, conn: sa.Connection, ids: Sequence[int], token: str) -> set[int]:
         if conn.dialect.delete_returning:  # MariaDB

@@ -46,7 +46,7 @@ class PostgresDialect(Dialect):
                 claimed.c.visible_at,
                 claimed.c.channel_lease,
                 m.c.group_key,
-                claimed.c.ordered,
+                claimed.c.order_key,
             )
             .join_from(claimed, m, m.c.id == claimed.c.message_id)
             .order_by(claimed.c.id)
@@ -102,15 +102,14 @@ class PostgresDialect(Dialect):
                 LIMIT :p_limit
                 FOR UPDATE SKIP LOCKED
             )
-            RETURNING id, message_id, attempts, max_attempts, visible_at,
-                      group_key IS NOT NULL AS ordered
+            RETURNING id, message_id, attempts, max_attempts, visible_at, group_key
         )
         SELECT 0, id, NULL, NULL, NULL, NULL, NULL, NULL, lease_token, NULL, NULL, NULL, NULL
         FROM acked
         UNION ALL
         SELECT 1, c.id, c.message_id, c.attempts, c.max_attempts, m.body, m.headers,
                m.published_at, NULL, c.visible_at, (SELECT lease FROM ch), m.group_key,
-               c.ordered
+               c.group_key
         FROM claimed c JOIN {m.name} m ON m.id = c.message_id
         """
     )

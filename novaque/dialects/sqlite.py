@@ -102,7 +102,7 @@ class SQLiteDialect(Dialect):
             d.c.visible_at,
             _channel_lease,
             sa.select(m.c.group_key).where(m.c.id == d.c.message_id).correlate(d).scalar_subquery(),
-            d.c.group_key.isnot(None),
+            d.c.group_key,
         )
     )
 
@@ -121,9 +121,7 @@ class SQLiteDialect(Dialect):
     ) -> list[ClaimedRow]:
         params = _claim_params(channel_id, limit, now, until, token, channel_lease)
         rows = [
-            ClaimedRow(
-                r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6], r[7], r[8], r[9], bool(r[10])
-            )
+            ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6], r[7], r[8], r[9], r[10])
             for r in conn.execute(self._claim_stmt, params)
         ]
         rows.sort(key=lambda row: row.delivery_id)

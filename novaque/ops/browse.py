@@ -21,11 +21,13 @@ from novaque.models import (
     DeliveryState,
     MessageInfo,
 )
-from novaque.ops import Batch, Effects, _sql
-from novaque.ops.maintain import count_purged, delete_dead_rows
+from novaque.ops import Batch, Effects, _groups, _sql
+from novaque.ops.maintain import delete_dead_rows, delete_deliveries_of
+from novaque.ops.publish import insert_deliveries, order_key
 from novaque.ops.topology import existing_channel_id, existing_topic_id
 from novaque.schema import (
     COUNTER_COLUMNS,
+    PARKED_OFFSET,
     STATE_DEAD,
     STATE_LEASED,
     STATE_READY,
@@ -52,6 +54,8 @@ def _state(state: int, visible_at: int, now: int) -> DeliveryState:
         return "dead"
     if state == STATE_LEASED:
         return "in_flight"
+    if visible_at >= PARKED_OFFSET:
+        return "ready"  # waiting behind its group's head
     return "pending" if visible_at > now else "ready"
 
 
@@ -113,7 +117,7 @@ def channel_backlog(
 ) -> Backlog:
     channel_id = existing_channel_id(conn, topic, channel)
     row = conn.execute(_sql.BACKLOG, {"p_channel": channel_id, "p_now": now}).one()
-    return Backlog(*(int(n) for n in row[2:]))
+    return _backlog(row)
 
 
 def topic_backlog(
@@ -121,7 +125,13 @@ def topic_backlog(
 ) -> dict[str, Backlog]:
     topic_id = existing_topic_id(conn, topic)
     rows = conn.execute(_sql._TOPIC_BACKLOG, {"p_topic_id": topic_id, "p_now": now})
-    return {row[1]: Backlog(*(int(n) for n in row[2:])) for row in rows}
+    return {row[1]: _backlog(row) for row in rows}
+
+
+def _backlog(row: Any) -> Backlog:
+    """A row of the backlog counts; parked deliveries count as ready."""
+    pending, ready, in_flight, dead, parked = (int(n) for n in row[2:])
+    return Backlog(pending, ready + parked, in_flight, dead)
 
 
 # -- dead letters -------------------------------------------------------------------------
@@ -188,6 +198,8 @@ def dead_batch(
         done = delete_dead_rows(conn, dialect, now, delivery_ids, tally)
     else:
         done = int(conn.execute(_sql._revive, {"p_ids": delivery_ids, "p_now": now}).rowcount)
+        # Ordered ones join their groups again: at the head, or parked.
+        _groups.rejoin(conn, dialect, _groups.members_of(conn, d.c.id.in_(delivery_ids)))
         conn.execute(
             _sql._extend_expiry,
             {"p_ids": sorted({int(r[1]) for r in rows}), "p_expires": now + ttl_us},
@@ -260,7 +272,9 @@ def _with_deliveries(
                 state=_state(state, visible, now),
                 attempts=int(attempts),
                 last_error=error,
-                visible_at=None if state == STATE_DEAD else from_us(visible),
+                visible_at=None
+                if state == STATE_DEAD
+                else from_us(visible % PARKED_OFFSET if state == STATE_READY else visible),
             )
         )
     return [
@@ -306,7 +320,7 @@ def replay(
         tally,
         topic,
         channel_ids,
-        [(message_id, max_attempts, row[2])],
+        [(message_id, max_attempts, row[2], row[3])],
         ttl_us,
         warnings,
     )
@@ -350,7 +364,7 @@ def replay_range(
                 tally,
                 topic,
                 channel_ids,
-                [(int(r[0]), int(r[1]), r[3]) for r in rows],
+                [(int(r[0]), int(r[1]), r[3], r[4]) for r in rows],
                 ttl_us,
                 warnings,
             )
@@ -361,9 +375,10 @@ def replay_range(
             )
 
 
-#: A channel replayed to: its id, its max_attempts setting, and the filter a
-#: message must pass (None: every message; naming channels bypasses filters).
-ReplayChannel = tuple[int, int | None, str | None]
+#: A channel replayed to: its id, its max_attempts setting, the filter a
+#: message must pass (None: every message; naming channels bypasses filters),
+#: and its ordering.
+ReplayChannel = tuple[int, int | None, str | None, int]
 
 
 def _replay_channels(
@@ -371,13 +386,17 @@ def _replay_channels(
 ) -> list[ReplayChannel]:
     """The channels to replay to, by id."""
     query = sa.select(
-        channels.c.name, channels.c.id, channels.c.max_attempts, channels.c.filter_expr
+        channels.c.name,
+        channels.c.id,
+        channels.c.max_attempts,
+        channels.c.filter_expr,
+        channels.c.ordering,
     ).where(channels.c.topic_id == topic_id)
     if names is not None:
         query = query.where(channels.c.name.in_(names))
     found = {
-        name: (int(cid), budget, None if names is not None else expression)
-        for name, cid, budget, expression in conn.execute(query)
+        name: (int(cid), budget, None if names is not None else expression, int(ordering))
+        for name, cid, budget, expression, ordering in conn.execute(query)
     }
     for name in names or ():
         if name not in found:
@@ -392,26 +411,27 @@ def _replay_rows(
     tally: Tally,
     topic: str,
     channel_ids: list[ReplayChannel],
-    wanted: list[tuple[int, int, str | None]],
+    wanted: list[tuple[int, int, str | None, str | None]],
     ttl_us: int,
     warnings: list[str],
 ) -> int:
     """Create the missing deliveries of messages ``wanted`` ((id, max_attempts,
-    headers)) in the channels ``channel_ids`` whose filter takes them."""
+    headers, group)) in the channels ``channel_ids`` whose filter takes them,
+    at the end of their groups on ordered channels."""
     if not channel_ids or not wanted:
         return 0
-    ids = [mid for mid, _, _ in wanted]
+    ids = [mid for mid, _, _, _ in wanted]
     live = {(int(a), int(b)) for a, b in conn.execute(_sql._live_pairs, {"p_ids": ids})}
 
-    def taken(expression: str | None, headers: str | None) -> bool:
+    def taken(expression: str | None, headers: str | None, group: str | None) -> bool:
         if expression is None:
             return True
-        verdict = _filters.matches(expression, _validate.decode_headers(headers), None, topic)
+        verdict = _filters.matches(expression, _validate.decode_headers(headers), group, topic)
         if isinstance(verdict, str):
             warnings.append(f"replay to topic {topic}: {verdict}")
         return verdict is True
 
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "message_id": mid,
             "channel_id": cid,
@@ -419,10 +439,11 @@ def _replay_rows(
             "visible_at": now,
             "attempts": 0,
             "max_attempts": attempts if budget is None else budget,
+            "group_key": order_key(ordering, group),
         }
-        for mid, attempts, headers in wanted
-        for cid, budget, expression in channel_ids
-        if (mid, cid) not in live and taken(expression, headers)
+        for mid, attempts, headers, group in wanted
+        for cid, budget, expression, ordering in channel_ids
+        if (mid, cid) not in live and taken(expression, headers, group)
     ]
     if not rows:
         return 0
@@ -430,7 +451,7 @@ def _replay_rows(
         _sql._extend_expiry,
         {"p_ids": sorted({row["message_id"] for row in rows}), "p_expires": now + ttl_us},
     )
-    conn.execute(sa.insert(d), rows)
+    insert_deliveries(conn, dialect, rows)
     dialect.notify(conn, topic)
     tally.add("published", day_of(now), Counter(row["channel_id"] for row in rows))
     return len(rows)
@@ -469,7 +490,6 @@ def prune_batch(
     ids = [int(r[0]) for r in conn.execute(_sql._prune_batch, params)]
     if not ids:
         return 0, 0, Effects(tally=tally)
-    purged = dialect.delete_deliveries(conn, d.c.message_id.in_(ids))
-    count_purged(purged, now, tally)
+    delete_deliveries_of(conn, dialect, now, ids, tally)
     deleted = conn.execute(sa.delete(m).where(m.c.id.in_(ids))).rowcount
     return len(ids), int(deleted), Effects(tally=tally)

@@ -16,7 +16,7 @@ from novaque import _validate, dialects
 from novaque._stats import Tally
 from novaque._time import day_of, from_us
 from novaque.models import Message
-from novaque.ops import Effects
+from novaque.ops import Effects, _groups
 from novaque.schema import (
     DEAD_VISIBLE_AT,
     STATE_DEAD,
@@ -114,7 +114,22 @@ def ack(
     """Delete the deliveries of ``msgs`` still leased with their token: the
     messages whose lease was lost, and the acks to count."""
     done = dialect.delete_leased_pairs(conn, [(msg.delivery_id, msg.lease_token) for msg in msgs])
+    _groups.leave(conn, dialect, _members(msgs, done))
     return _settled(msgs, done, now)
+
+
+def ordered(msgs: Sequence[Message]) -> bool:
+    """Whether settling ``msgs`` may move a group on: then more than one statement."""
+    return any(msg.order_key is not None for msg in msgs)
+
+
+def _members(msgs: Sequence[Message], done: set[tuple[int, str]]) -> list[_groups.Member]:
+    """The ordered deliveries among ``msgs`` that ``done`` settled."""
+    return [
+        (msg.channel_id, msg.order_key, msg.delivery_id)
+        for msg in msgs
+        if msg.order_key is not None and (msg.delivery_id, msg.lease_token) in done
+    ]
 
 
 def _settled(
@@ -139,9 +154,17 @@ def ack_and_claim(
     """:func:`ack` and :func:`claim` in one transaction: the acks whose lease was
     lost, the rows claimed, ``now``, and what to count."""
     pairs = [(msg.delivery_id, msg.lease_token) for msg in acks]
-    done, rows = dialect.ack_and_claim(
-        conn, pairs, channel_id, limit, now, now + lease_us, token, channel_lease
-    )
+    until = now + lease_us
+    if ordered(acks):
+        # The acked heads' groups move on first: their next deliveries may
+        # be claimed at once.
+        done = dialect.delete_leased_pairs(conn, pairs)
+        _groups.leave(conn, dialect, _members(acks, done))
+        rows = dialect.claim(conn, channel_id, limit, now, until, token, channel_lease)
+    else:
+        done, rows = dialect.ack_and_claim(
+            conn, pairs, channel_id, limit, now, until, token, channel_lease
+        )
     lost, effects = _settled(acks, done, now)
     if rows:
         effects.tally.add("claimed", day_of(now), {channel_id: len(rows)})
@@ -174,7 +197,7 @@ def messages_of(
             group=row.group,
             lease_us=row.until - now,
             channel_lease_us=row.channel_lease,
-            ordered=row.ordered,
+            order_key=row.order_key,
         )
         for row in rows
     ]
@@ -234,6 +257,8 @@ def kill(
         },
     )
     changed = bool(result.rowcount)
+    if changed and msg.order_key is not None:
+        _groups.leave(conn, dialect, [(msg.channel_id, msg.order_key, msg.delivery_id)])
     return changed, _counted("dead", now, {msg.channel_id: 1} if changed else {})
 
 

@@ -13,10 +13,17 @@ from novaque import _filters, _validate, dialects
 from novaque._stats import Tally
 from novaque._time import day_of
 from novaque.dialects.base import plain_channel
-from novaque.ops import Effects
+from novaque.ops import Effects, _groups
 from novaque.ops.maintain import stats_rows
 from novaque.ops.topology import topic_id_in
-from novaque.schema import STATE_READY, channels, deliveries, messages
+from novaque.schema import (
+    ORDERINGS,
+    PARKED_OFFSET,
+    STATE_READY,
+    channels,
+    deliveries,
+    messages,
+)
 
 #: Largest batch of bodies sent in one INSERT. PyMySQL sends bodies escaped
 #: into the statement text (up to twice their size), and MariaDB's default
@@ -110,13 +117,14 @@ def publish(
         return Published([], Counter(), now, 0, learned, routed=True, declined=True)
     warnings: list[str] = []
     if special and fresh:
+        group_of: dict[int, Any] = {i: row["group_key"] for i, row in zip(ids, rows, strict=True)}
         fanout.update(
             _fan_out_routed(
                 conn,
                 dialect,
                 topic,
                 topic_id,
-                fresh,
+                {i: group_of.get(i) for i in fresh},
                 headers,
                 now + delay_us,
                 max_attempts,
@@ -127,10 +135,19 @@ def publish(
 
 
 _routed_channels = (
-    sa.select(channels.c.id, channels.c.filter_expr, channels.c.max_attempts)
+    sa.select(channels.c.id, channels.c.filter_expr, channels.c.max_attempts, channels.c.ordering)
     .where(channels.c.topic_id == sa.bindparam("p_topic_id"), ~plain_channel)
     .order_by(channels.c.id)
 )
+
+
+def order_key(ordering: int, group: str | None) -> str | None:
+    """A delivery's key in its channel's ordering (see novaque.ops._groups)."""
+    if ordering == ORDERINGS["strict_fifo"]:
+        return ""
+    if ordering == ORDERINGS["group_fifo"]:
+        return group
+    return None
 
 
 def _fan_out_routed(
@@ -138,21 +155,23 @@ def _fan_out_routed(
     dialect: dialects.Dialect,
     topic: str,
     topic_id: int,
-    message_ids: list[int],
+    message_groups: dict[int, str | None],
     headers: str | None,
     visible: int,
     max_attempts: int,
     warnings: list[str],
 ) -> Counter[int]:
-    """The deliveries of the routed channels (a filter, an ordering): those whose
-    filter takes the message (failing closed, the error added to ``warnings``)."""
+    """The deliveries of the routed channels (a filter, an ordering) of messages
+    ``message_groups`` (id: group): those whose filter takes the message
+    (failing closed, the error added to ``warnings``), ordered in their groups."""
     decoded = _validate.decode_headers(headers)
     rows: list[dict[str, Any]] = []
     fanout: Counter[int] = Counter()
-    for channel_id, expression, budget in conn.execute(_routed_channels, {"p_topic_id": topic_id}):
-        for message_id in message_ids:
+    found = conn.execute(_routed_channels, {"p_topic_id": topic_id}).all()
+    for channel_id, expression, budget, ordering in found:
+        for message_id, group in message_groups.items():
             if expression is not None:
-                verdict = _filters.matches(expression, decoded, None, topic)
+                verdict = _filters.matches(expression, decoded, group, topic)
                 if isinstance(verdict, str):
                     warnings.append(f"channel {channel_id} of topic {topic}: {verdict}")
                 if verdict is not True:
@@ -165,13 +184,52 @@ def _fan_out_routed(
                     "visible_at": visible,
                     "attempts": 0,
                     "max_attempts": max_attempts if budget is None else budget,
+                    "group_key": order_key(ordering, group),
                 }
             )
             fanout[channel_id] += 1
+    insert_deliveries(conn, dialect, rows)
     if rows:
-        conn.execute(sa.insert(deliveries), rows)
         dialect.notify(conn, topic)
     return fanout
+
+
+def insert_deliveries(
+    conn: sa.Connection, dialect: dialects.Dialect, rows: list[dict[str, Any]]
+) -> None:
+    """Insert delivery rows (with their ``group_key``): the ordered ones parked,
+    each group's first new one its head if the group has none."""
+    if not rows:
+        return
+    _groups.park(conn, rows)
+    conn.execute(sa.insert(deliveries), rows)
+    keyed: dict[int, list[int]] = {}
+    for row in rows:
+        if row["group_key"] is not None:
+            keyed.setdefault(row["channel_id"], []).append(row["message_id"])
+    members: list[_groups.Member] = []
+    for channel_id, message_ids in sorted(keyed.items()):
+        members += (
+            (channel_id, str(key), int(first))
+            for key, first in conn.execute(
+                _new_heads, {"p_channel": channel_id, "p_ids": sorted(set(message_ids))}
+            )
+        )
+    _groups.enter(conn, dialect, members)
+
+
+# The lowest new delivery of each group of a channel, among messages p_ids.
+_new_heads = (
+    sa.select(deliveries.c.group_key, sa.func.min(deliveries.c.id))
+    .where(
+        deliveries.c.channel_id == sa.bindparam("p_channel"),
+        deliveries.c.message_id.in_(sa.bindparam("p_ids", expanding=True)),
+        deliveries.c.group_key.is_not(None),
+        deliveries.c.state == STATE_READY,
+        deliveries.c.visible_at >= PARKED_OFFSET,
+    )
+    .group_by(deliveries.c.group_key)
+)
 
 
 def count_here(conn: sa.Connection, dialect: dialects.Dialect, done: Published) -> None:

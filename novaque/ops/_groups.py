@@ -1,0 +1,134 @@
+"""Group FIFO bookkeeping (DESIGN §8): who heads each group of an ordered channel.
+
+A delivery of an ordered channel has a group key there (its message's group on
+a ``group_fifo`` channel, ``""`` on a ``strict_fifo`` one). Of the live
+deliveries of one (channel, group), only the head is in the claim's range;
+the others are *parked*: ready, with :data:`~novaque.schema.PARKED_OFFSET`
+added to their ``visible_at``, beyond every claim (the claim stays one index
+range, whatever the number of waiting deliveries or blocked groups). The head
+is recorded in ``novaque_groups``, whose row every writer of the group locks:
+
+- :func:`enter`: a delivery joins its group (publish, replay, requeue of a
+  dead letter): it becomes the head if the group has none, else it is parked;
+- :func:`leave`: deliveries left (acked, dead, deleted): where one was the
+  head, the group's lowest parked delivery is unparked and becomes the head
+  (or the group's row goes when it has none).
+
+Rows are locked in (channel id, group key) order, so writers of many groups
+never deadlock each other. Each function runs in its caller's transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from novaque import dialects
+from novaque.schema import PARKED_OFFSET, STATE_DEAD, STATE_READY, deliveries, groups
+
+d = deliveries
+
+#: A delivery of an ordered channel: (channel id, group key, delivery id).
+Member = tuple[int, str, int]
+
+_parked = sa.and_(d.c.state == STATE_READY, d.c.visible_at >= PARKED_OFFSET)
+_unpark = (
+    sa.update(d)
+    .where(d.c.id == sa.bindparam("p_id"), _parked)
+    .values(visible_at=d.c.visible_at - PARKED_OFFSET)
+)
+_park = (
+    sa.update(d)
+    .where(
+        d.c.id == sa.bindparam("p_id"),
+        d.c.state == STATE_READY,
+        d.c.visible_at < PARKED_OFFSET,
+    )
+    .values(visible_at=d.c.visible_at + PARKED_OFFSET)
+)
+_of_group = sa.and_(
+    groups.c.channel_id == sa.bindparam("p_channel"),
+    groups.c.group_key == sa.bindparam("p_key"),
+)
+_head = sa.select(groups.c.head_id).where(_of_group).with_for_update()
+_set_head = sa.update(groups).where(_of_group).values(head_id=sa.bindparam("p_head"))
+_drop_group = sa.delete(groups).where(_of_group)
+# The group's next delivery: its lowest parked one, read in id order on
+# ix_novaque_deliveries_group (past the group's dead letters and its head).
+# "+ 0" keeps planners off ix_novaque_deliveries_state, whose parked range holds
+# every group of the channel.
+_next = (
+    sa.select(d.c.id)
+    .where(
+        d.c.channel_id == sa.bindparam("p_channel"),
+        d.c.group_key == sa.bindparam("p_key"),
+        d.c.state + 0 == STATE_READY,
+        d.c.visible_at + 0 >= PARKED_OFFSET,
+    )
+    .order_by(d.c.id)
+    .limit(1)
+)
+_live = sa.select(d.c.id).where(d.c.id == sa.bindparam("p_id"), d.c.state != STATE_DEAD)
+
+
+def park(conn: sa.Connection, rows: Sequence[dict[str, Any]]) -> None:
+    """Park the ordered ones of delivery rows about to be inserted (in place)."""
+    for row in rows:
+        if row.get("group_key") is not None:
+            row["visible_at"] += PARKED_OFFSET
+
+
+def enter(conn: sa.Connection, dialect: dialects.Dialect, members: Iterable[Member]) -> None:
+    """Parked deliveries join their groups: the lowest of each group becomes its
+    head (unparked) if the group has none."""
+    lowest: dict[tuple[int, str], int] = {}
+    for channel_id, key, delivery_id in members:
+        known = lowest.get((channel_id, key))
+        if known is None or delivery_id < known:
+            lowest[(channel_id, key)] = delivery_id
+    for (channel_id, key), delivery_id in sorted(lowest.items()):
+        if dialect.lock_group(conn, channel_id, key, delivery_id) == delivery_id:
+            conn.execute(_unpark, {"p_id": delivery_id})
+
+
+def rejoin(conn: sa.Connection, dialect: dialects.Dialect, members: Iterable[Member]) -> None:
+    """Ready deliveries (a requeued dead letter) join their groups: each becomes
+    its group's head if the group has none, else it is parked."""
+    for channel_id, key, delivery_id in sorted(members):
+        if dialect.lock_group(conn, channel_id, key, delivery_id) != delivery_id:
+            conn.execute(_park, {"p_id": delivery_id})
+
+
+def leave(conn: sa.Connection, dialect: dialects.Dialect, members: Iterable[Member]) -> None:
+    """Deliveries that may have left (acked, dead, deleted): a group whose head
+    is gone gets its next one. Safe to call for deliveries that did not leave."""
+    candidates: dict[tuple[int, str], set[int]] = {}
+    for channel_id, key, delivery_id in members:
+        candidates.setdefault((channel_id, key), set()).add(delivery_id)
+    for (channel_id, key), ids in sorted(candidates.items()):
+        where = {"p_channel": channel_id, "p_key": key}
+        head = conn.execute(_head, where).scalar_one_or_none()
+        if head is None or int(head) not in ids:
+            continue
+        if conn.execute(_live, {"p_id": head}).first() is not None:
+            continue  # the head is still there (its ack lost its lease, say)
+        following = conn.execute(_next, where).scalar_one_or_none()
+        if following is None:
+            conn.execute(_drop_group, where)
+            continue
+        conn.execute(_set_head, {**where, "p_head": following})
+        conn.execute(_unpark, {"p_id": following})
+
+
+def members_of(conn: sa.Connection, where: sa.ColumnElement[bool]) -> list[Member]:
+    """The ordered, live deliveries matching ``where`` (before they are deleted)."""
+    return [
+        (int(r[0]), str(r[1]), int(r[2]))
+        for r in conn.execute(
+            sa.select(d.c.channel_id, d.c.group_key, d.c.id).where(
+                where, d.c.group_key.is_not(None), d.c.state != STATE_DEAD
+            )
+        )
+    ]
