@@ -112,3 +112,24 @@ def test_downgrading_0003_keeps_the_rows(backend: Backend, tmp_path: Path) -> No
     assert msg.id == message_id
     assert _settings(client.engine) == [(1, 0, None, False, None, None, None)]
     assert client.publish("orders", b"x", dedup_key="k") == message_id
+
+
+def test_downgrading_0003_lets_waiting_deliveries_go(backend: Backend, tmp_path: Path) -> None:
+    """Deliveries parked behind their group's head become due again on 0002."""
+    url = backend.scratch_url(tmp_path)
+    client = novaque.Client(backend.engine(url))
+    client.migrate()
+    client.ensure_channel("orders", "billing", ordering="group_fifo")
+    client.publish_many("orders", [b"1", b"2", b"3"], groups=["g", "g", "g"])
+    assert client.channel_settings("orders", "billing").ordering == "group_fifo"
+    client.downgrade(to="0002")
+    with client.engine.connect() as conn:
+        visible = conn.execute(sa.text("SELECT max(visible_at) FROM novaque_deliveries")).scalar()
+    assert visible is not None
+    assert visible < 2**61
+    client.migrate()
+    assert [m.body for m in client.claim("orders", "billing", max_messages=5)] == [
+        b"1",
+        b"2",
+        b"3",
+    ]
