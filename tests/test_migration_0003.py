@@ -11,36 +11,26 @@ import sqlalchemy as sa
 import novaque
 from novaque import _migrate
 from tests.conftest import Backend, FakeClock
+from tests.test_migration_0002 import _fill_0001
 
 
 def _fill_0002(engine: sa.Engine, now_us: int) -> None:
-    """Rows as novaque 0.2 wrote them: a ready, a leased and a dead delivery."""
+    """Rows as novaque 0.2 wrote them: 0.1's ready and dead deliveries, and a
+    leased one in a third channel."""
+    _fill_0001(engine, now_us)  # the same columns on 0002
     with engine.begin() as conn:
         conn.execute(
-            sa.text("INSERT INTO novaque_topics (id, name, created_at) VALUES (1, 'orders', 1)")
-        )
-        conn.execute(
             sa.text(
-                "INSERT INTO novaque_channels (id, topic_id, name, created_at, dead_max_count) "
-                "VALUES (1, 1, 'billing', 1, NULL), (2, 1, 'audit', 1, 7), (3, 1, 'ship', 1, NULL)"
+                "INSERT INTO novaque_channels (id, topic_id, name, created_at) "
+                "VALUES (3, 1, 'ship', 1)"
             )
         )
         conn.execute(
             sa.text(
-                "INSERT INTO novaque_messages (id, topic_id, body, published_at, expires_at, "
-                "max_attempts, dedup_key) VALUES (10, 1, :body, :now, :later, 5, 'order-1')"
-            ),
-            {"body": b"\x00payload", "now": now_us, "later": now_us + 10**12},
-        )
-        conn.execute(
-            sa.text(
                 "INSERT INTO novaque_deliveries (id, message_id, channel_id, state, visible_at, "
-                "attempts, max_attempts, lease_token, last_error, dead_reason, died_at) VALUES "
-                "(100, 10, 1, 0, :now, 0, 5, NULL, NULL, NULL, NULL), "
-                "(101, 10, 2, 2, :dead, 5, 5, NULL, 'boom', 'max_attempts', :now), "
-                "(102, 10, 3, 1, :until, 1, 5, 'tok', NULL, NULL, NULL)"
+                "attempts, max_attempts, lease_token) VALUES (102, 10, 3, 1, :until, 1, 5, 'tok')"
             ),
-            {"now": now_us, "dead": 2**62, "until": now_us + 30_000_000},
+            {"until": now_us + 30_000_000},
         )
 
 

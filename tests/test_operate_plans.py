@@ -94,6 +94,17 @@ def plan_of(client: novaque.Client, stmt: sa.Executable, params: dict[str, Any])
         return client._dialect.explain(conn, stmt, params)
 
 
+def claim_params(channel_id: int, now: int) -> dict[str, Any]:
+    """The claim statement's parameters: 10 deliveries of a channel, leased 30 s."""
+    return {
+        "p_channel": channel_id,
+        "p_now": now,
+        "p_limit": 10,
+        "p_until": now + 30_000_000,
+        "p_token": "0" * 32,
+    }
+
+
 def check(plan: str, index: str) -> None:
     assert index in plan, plan
     scans = [line for line in plan.splitlines() if FULL_SCAN.search(line.strip())]
@@ -107,13 +118,7 @@ def test_query_uses_its_index(backend: Backend, clock: FakeClock, query: str) ->
     channel_id = load(client, now)
     if query == "claim":
         stmt = client._dialect.claim_statement()
-        params: dict[str, Any] = {
-            "p_channel": channel_id,
-            "p_now": now,
-            "p_limit": 10,
-            "p_until": now + 30_000_000,
-            "p_token": "0" * 32,
-        }
+        params = claim_params(channel_id, now)
         index = "ix_novaque_deliveries_claim"
     elif query == "list_dead":
         stmt = _operate.DEAD_PAGE
@@ -158,13 +163,7 @@ def test_group_fifo_claim_and_next_of_group_use_their_index(
         channel_id = int(
             conn.execute(sa.text("SELECT id FROM novaque_channels WHERE name = 'c1'")).scalar_one()
         )
-    params: dict[str, Any] = {
-        "p_channel": channel_id,
-        "p_now": now,
-        "p_limit": 10,
-        "p_until": now + 30_000_000,
-        "p_token": "0" * 32,
-    }
+    params = claim_params(channel_id, now)
     check(plan_of(client, client._dialect.claim_statement(), params), "ix_novaque_deliveries_claim")
     check(
         plan_of(client, _groups._next, {"p_channel": channel_id, "p_key": "g7"}),

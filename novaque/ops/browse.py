@@ -3,6 +3,7 @@ replay and prune. Reads never create a topic or a channel."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from datetime import date
 from typing import Any, Literal
@@ -311,20 +312,10 @@ def replay(
     topic_id, max_attempts = int(row[0]), int(row[1])
     topic = conn.execute(_sql._topic_name, {"p_topic_id": topic_id}).scalar_one()
     channel_ids = _replay_channels(conn, topic, topic_id, names)
-    tally = Tally()
-    warnings: list[str] = []
-    created = _replay_rows(
-        conn,
-        dialect,
-        now,
-        tally,
-        topic,
-        channel_ids,
-        [(message_id, max_attempts, row[2], row[3])],
-        ttl_us,
-        warnings,
-    )
-    return created, Effects(tally=tally, wake=(topic,) if created else (), warnings=tuple(warnings))
+    done = _Replayed(topic)
+    wanted = [(message_id, max_attempts, row[2], row[3])]
+    _replay_rows(conn, dialect, now, channel_ids, wanted, ttl_us, done)
+    return done.created, done.effects()
 
 
 def replay_range(
@@ -340,9 +331,7 @@ def replay_range(
     """:func:`replay` every message of ``topic`` published in ``[first, last)``."""
     topic_id = existing_topic_id(conn, topic)
     channel_ids = _replay_channels(conn, topic, topic_id, names)
-    tally = Tally()
-    warnings: list[str] = []
-    created = 0
+    done = _Replayed(topic)
     pub, last_id = first - 1, 0
     while True:
         rows = conn.execute(
@@ -357,22 +346,28 @@ def replay_range(
             },
         ).all()
         if rows:
-            created += _replay_rows(
-                conn,
-                dialect,
-                now,
-                tally,
-                topic,
-                channel_ids,
-                [(int(r[0]), int(r[1]), r[3], r[4]) for r in rows],
-                ttl_us,
-                warnings,
-            )
+            wanted = [(int(r[0]), int(r[1]), r[3], r[4]) for r in rows]
+            _replay_rows(conn, dialect, now, channel_ids, wanted, ttl_us, done)
             pub, last_id = int(rows[-1][2]), int(rows[-1][0])
         if len(rows) < REPLAY_CHUNK:
-            return created, Effects(
-                tally=tally, wake=(topic,) if created else (), warnings=tuple(warnings)
-            )
+            return done.created, done.effects()
+
+
+@dataclasses.dataclass
+class _Replayed:
+    """What a replay did so far: deliveries created, counted, filters that failed."""
+
+    topic: str
+    created: int = 0
+    tally: Tally = dataclasses.field(default_factory=Tally)
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+    def effects(self) -> Effects:
+        return Effects(
+            tally=self.tally,
+            wake=(self.topic,) if self.created else (),
+            warnings=tuple(self.warnings),
+        )
 
 
 #: A channel replayed to: its id, its max_attempts setting, the filter a
@@ -408,18 +403,17 @@ def _replay_rows(
     conn: sa.Connection,
     dialect: dialects.Dialect,
     now: int,
-    tally: Tally,
-    topic: str,
     channel_ids: list[ReplayChannel],
     wanted: list[tuple[int, int, str | None, str | None]],
     ttl_us: int,
-    warnings: list[str],
-) -> int:
+    done: _Replayed,
+) -> None:
     """Create the missing deliveries of messages ``wanted`` ((id, max_attempts,
     headers, group)) in the channels ``channel_ids`` whose filter takes them,
-    at the end of their groups on ordered channels."""
+    at the end of their groups on ordered channels; counted in ``done``."""
     if not channel_ids or not wanted:
-        return 0
+        return
+    topic = done.topic
     ids = [mid for mid, _, _, _ in wanted]
     live = {(int(a), int(b)) for a, b in conn.execute(_sql._live_pairs, {"p_ids": ids})}
 
@@ -428,7 +422,7 @@ def _replay_rows(
             return True
         verdict = _filters.matches(expression, _validate.decode_headers(headers), group, topic)
         if isinstance(verdict, str):
-            warnings.append(f"replay to topic {topic}: {verdict}")
+            done.warnings.append(f"replay to topic {topic}: {verdict}")
         return verdict is True
 
     rows: list[dict[str, Any]] = [
@@ -446,15 +440,15 @@ def _replay_rows(
         if (mid, cid) not in live and taken(expression, headers, group)
     ]
     if not rows:
-        return 0
+        return
     conn.execute(
         _sql._extend_expiry,
         {"p_ids": sorted({row["message_id"] for row in rows}), "p_expires": now + ttl_us},
     )
     insert_deliveries(conn, dialect, rows)
     dialect.notify(conn, topic)
-    tally.add("published", day_of(now), Counter(row["channel_id"] for row in rows))
-    return len(rows)
+    done.tally.add("published", day_of(now), Counter(row["channel_id"] for row in rows))
+    done.created += len(rows)
 
 
 # -- prune --------------------------------------------------------------------------------
