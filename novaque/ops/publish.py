@@ -168,12 +168,18 @@ def _fan_out_routed(
     rows: list[dict[str, Any]] = []
     fanout: Counter[int] = Counter()
     found = conn.execute(_routed_channels, {"p_topic_id": topic_id}).all()
+    # The messages of one publish share their headers and topic: a filter's
+    # verdict depends on the group alone, so it is evaluated once per group.
+    verdicts: dict[tuple[str, str | None], bool | str] = {}
     for channel_id, expression, budget, ordering in found:
         for message_id, group in message_groups.items():
             if expression is not None:
-                verdict = _filters.matches(expression, decoded, group, topic)
-                if isinstance(verdict, str):
-                    warnings.append(f"channel {channel_id} of topic {topic}: {verdict}")
+                verdict = verdicts.get((expression, group))
+                if verdict is None:
+                    verdict = _filters.matches(expression, decoded, group, topic)
+                    verdicts[(expression, group)] = verdict
+                    if isinstance(verdict, str):
+                        warnings.append(f"channel {channel_id} of topic {topic}: {verdict}")
                 if verdict is not True:
                     continue
             rows.append(
