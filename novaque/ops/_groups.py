@@ -101,9 +101,17 @@ def rejoin(conn: sa.Connection, dialect: dialects.Dialect, members: Iterable[Mem
             conn.execute(_park, {"p_id": delivery_id})
 
 
-def leave(conn: sa.Connection, dialect: dialects.Dialect, members: Iterable[Member]) -> None:
+def leave(
+    conn: sa.Connection,
+    dialect: dialects.Dialect,
+    members: Iterable[Member],
+    *,
+    gone: bool = False,
+) -> None:
     """Deliveries that may have left (acked, dead, deleted): a group whose head
-    is gone gets its next one. Safe to call for deliveries that did not leave."""
+    is gone gets its next one. Safe to call for deliveries that did not leave;
+    ``gone``: this transaction saw them leave (their ack or death changed the
+    row), so a head among them is not looked for again."""
     candidates: dict[tuple[int, str], set[int]] = {}
     for channel_id, key, delivery_id in members:
         candidates.setdefault((channel_id, key), set()).add(delivery_id)
@@ -112,7 +120,7 @@ def leave(conn: sa.Connection, dialect: dialects.Dialect, members: Iterable[Memb
         head = conn.execute(_head, where).scalar_one_or_none()
         if head is None or int(head) not in ids:
             continue
-        if conn.execute(_live, {"p_id": head}).first() is not None:
+        if not gone and conn.execute(_live, {"p_id": head}).first() is not None:
             continue  # the head is still there (its ack lost its lease, say)
         following = conn.execute(_next, where).scalar_one_or_none()
         if following is None:

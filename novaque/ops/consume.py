@@ -114,7 +114,7 @@ def ack(
     """Delete the deliveries of ``msgs`` still leased with their token: the
     messages whose lease was lost, and the acks to count."""
     done = dialect.delete_leased_pairs(conn, [(msg.delivery_id, msg.lease_token) for msg in msgs])
-    _groups.leave(conn, dialect, _members(msgs, done))
+    _groups.leave(conn, dialect, _members(msgs, done), gone=True)
     return _settled(msgs, done, now)
 
 
@@ -159,7 +159,7 @@ def ack_and_claim(
         # The acked heads' groups move on first: their next deliveries may
         # be claimed at once.
         done = dialect.delete_leased_pairs(conn, pairs)
-        _groups.leave(conn, dialect, _members(acks, done))
+        _groups.leave(conn, dialect, _members(acks, done), gone=True)
         rows = dialect.claim(conn, channel_id, limit, now, until, token, channel_lease)
     else:
         done, rows = dialect.ack_and_claim(
@@ -258,7 +258,8 @@ def kill(
     )
     changed = bool(result.rowcount)
     if changed and msg.order_key is not None:
-        _groups.leave(conn, dialect, [(msg.channel_id, msg.order_key, msg.delivery_id)])
+        member = (msg.channel_id, msg.order_key, msg.delivery_id)
+        _groups.leave(conn, dialect, [member], gone=True)
     return changed, _counted("dead", now, {msg.channel_id: 1} if changed else {})
 
 
