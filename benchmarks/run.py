@@ -42,9 +42,9 @@ from benchmarks._databases import BACKENDS, Database
 from benchmarks._procs import WorkerPool
 from benchmarks.floor import Floor
 
-WORKLOADS = ("W1a", "W1b", "W2", "W3", "W4", "W5", "W6")
+WORKLOADS = ("W1a", "W1b", "W2", "W3", "W4", "W5", "W6", "W7", "W8")
 #: Workloads whose figure is measured against another workload's.
-NEEDS = {"W4": "W2", "W6": "W1b"}
+NEEDS = {"W4": "W2", "W6": "W1b", "W7": "W2", "W8": "W6"}
 
 
 @dataclass
@@ -237,6 +237,7 @@ class BackendRun:
         novaque_step: Callable[[nq.Publisher, list[bytes]], None],
         *,
         channels: int = 1,
+        filtered: int = 0,
     ) -> None:
         """Publishing workloads: floor and novaque alternate slice by slice.
 
@@ -254,7 +255,7 @@ class BackendRun:
                 break
             self.db.reset()
             conn = self.floor.connect()
-            pub = nq.Publisher(self.db, self.sizes, channels=channels)
+            pub = nq.Publisher(self.db, self.sizes, channels=channels, filtered=filtered)
             spent = {"floor": 0.0, "novaque": 0.0}
             done = {"floor": 0, "novaque": 0}
             try:
@@ -302,16 +303,20 @@ class BackendRun:
             lambda pub, chunk: pub.batch(chunk),
         )
 
-    def _drains(self, row: Row, topic: str, *, keep: bool) -> None:
+    def _drains(
+        self, row: Row, topic: str, *, keep: bool, n: int | None = None, groups: int = 0
+    ) -> None:
         """W2 and W4: the floor and a novaque consumer drain alternately, slice by slice.
 
         Both queues are filled first; then each slice of ``n / 10`` messages
         is drained by one side and then the other (the first side swapping
         every slice), each side's clock running only during its own slices.
         ``keep`` leaves novaque's tables alone between runs (W4's backlog).
+        ``n`` messages (W2's count by default), over ``groups`` groups of a
+        group FIFO channel when given (W7).
         """
         s = self.sizes
-        n = s.w2_messages
+        n = s.w2_messages if n is None else n
         step = max(s.max_in_flight, n // 10)
         deadline = Deadline(self.timeout)
         for i in range(self.runs):
@@ -323,7 +328,7 @@ class BackendRun:
             else:
                 self.db.reset()
             self.floor.fill(n)
-            gated = nq.GatedDrain(self.db, s, n, topic=topic)
+            gated = nq.GatedDrain(self.db, s, n, topic=topic, groups=groups)
             conn = self.floor.connect()
             spent = {"floor": 0.0, "novaque": 0.0}
             floor_done = 0
@@ -423,6 +428,28 @@ class BackendRun:
             channels=s.w6_channels,
         )
 
+    def _w7(self) -> None:
+        s = self.sizes
+        row = self.rows["W7"] = Row("W7", self.backend, "msg/s")
+        row.floor_label = "the floor's W2 drain (no groups), interleaved"
+        row.notes.append(f"{s.w7_messages:,} messages over {s.w7_groups:,} groups, group_fifo")
+        self._drains(row, nq.TOPIC, keep=False, n=s.w7_messages, groups=s.w7_groups)
+
+    def _w8(self) -> None:
+        s = self.sizes
+        row = self.rows["W8"] = Row("W8", self.backend, "msg/s")
+        row.floor_label = "the floor's W1b, interleaved (the floor has no fan-out)"
+        row.notes.append(f"{s.w8_filtered} of {s.w6_channels} channels with a CEL filter")
+        self._interleaved(
+            row,
+            s.w6_messages,
+            s.batch,
+            self.floor.publish_batch,
+            lambda pub, chunk: pub.batch(chunk),
+            channels=s.w6_channels,
+            filtered=s.w8_filtered,
+        )
+
     # -- figures and targets -------------------------------------------------------------
 
     def _judge(self) -> None:
@@ -460,6 +487,13 @@ class BackendRun:
                     per = row.ratio / w1b.ratio
                     row.figure = f"W6/W1b {per:.2f}"
                     row.target, row.met = "W6/W1b >= 0.5", per >= 0.5
+            elif name in ("W7", "W8"):
+                base, least = ("W2", 0.5) if name == "W7" else ("W6", 0.7)
+                other = rows.get(base)
+                if other is not None and other.ratio is not None and row.ratio is not None:
+                    per = row.ratio / other.ratio
+                    row.figure = f"{name}/{base} {per:.2f}"
+                    row.target, row.met = f"{name}/{base} >= {least}", per >= least
             elif name.startswith("W5 x"):
                 one = rows.get("W5 x1")
                 procs = int(name[4:])
@@ -523,8 +557,9 @@ def table(rows: list[Row]) -> str:
     ]
     if any(r.floor_label for r in rows):
         notes.append(
-            "* W6's floor publishes as in W1b (it has no fan-out), W4's floor drains without "
-            "a backlog; W6/W1b and W4/W2 are ratios of the two ratios to the floor."
+            "* W6's and W8's floor publishes as in W1b (it has no fan-out), W4's and W7's floor "
+            "drains as in W2; W6/W1b, W4/W2, W7/W2 and W8/W6 are ratios of the two ratios to "
+            "the floor."
         )
     return "\n".join(out + notes)
 

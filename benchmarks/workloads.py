@@ -1,4 +1,4 @@
-"""The workloads W1a-W6 on novaque (the floor's side lives in ``floor.py``).
+"""The workloads W1a-W8 on novaque (the floor's side lives in ``floor.py``).
 
 Each function measures one run and returns a :class:`Run`; setup (publishing
 the messages a drain will consume, loading W4's backlog) happens before the
@@ -108,13 +108,27 @@ def start_consumer(
     return consumer
 
 
-def prefill(client: novaque.Client, n: int, *, topic: str = TOPIC, batch: int = 1000) -> None:
-    """Publish ``n`` messages with ``publish_many`` (setup, not timed)."""
+def prefill(
+    client: novaque.Client, n: int, *, topic: str = TOPIC, batch: int = 1000, groups: int = 0
+) -> None:
+    """Publish ``n`` messages with ``publish_many`` (setup, not timed); with
+    ``groups``, message ``i`` in group ``i % groups``."""
     for start in range(0, n, batch):
-        client.publish_many(topic, [body(i) for i in range(start, min(n, start + batch))])
+        numbers = range(start, min(n, start + batch))
+        keys = [f"g{i % groups}" for i in numbers] if groups else None
+        client.publish_many(topic, [body(i) for i in numbers], groups=keys)
 
 
 # -- W1a / W1b / W6: publishing -------------------------------------------------------
+
+
+#: W8's filters: three take every message it publishes, one none.
+FILTERS = (
+    'headers["region"] == "eu"',
+    'headers["tier"] == "gold" && topic == "bench"',
+    'headers["region"] == "us"',
+    'headers["tier"] in ["gold", "silver"]',
+)
 
 
 class Publisher:
@@ -124,10 +138,16 @@ class Publisher:
     ``run.py``), so both meet the same moments of a noisy machine.
     """
 
-    def __init__(self, db: Database, sizes: Sizes, *, channels: int = 1) -> None:
+    def __init__(self, db: Database, sizes: Sizes, *, channels: int = 1, filtered: int = 0) -> None:
         self.client = make_client(db, sizes)
+        self.headers: dict[str, str] | None = None
         for c in range(channels):
-            self.client.ensure_channel(TOPIC, f"{CHANNEL}{c}" if channels > 1 else CHANNEL)
+            name = f"{CHANNEL}{c}" if channels > 1 else CHANNEL
+            # W8: the last ``filtered`` channels take a CEL filter each.
+            expression = FILTERS[c % len(FILTERS)] if c >= channels - filtered else None
+            self.client.ensure_channel(TOPIC, name, filter=expression)
+        if filtered:
+            self.headers = {"region": "eu", "tier": "gold"}
         self.client.publish(TOPIC, body(0))  # first use: schema check, topic id cached
 
     def one_by_one(self, bodies: list[bytes]) -> None:
@@ -136,8 +156,8 @@ class Publisher:
             self.client.publish(TOPIC, data)
 
     def batch(self, bodies: list[bytes]) -> None:
-        """W1b / W6: one ``publish_many``."""
-        self.client.publish_many(TOPIC, bodies)
+        """W1b / W6 / W8: one ``publish_many``."""
+        self.client.publish_many(TOPIC, bodies, headers=self.headers)
 
     def close(self) -> None:
         close_client(self.client)
@@ -160,7 +180,14 @@ class GatedDrain:
     """
 
     def __init__(
-        self, db: Database, sizes: Sizes, n: int, *, topic: str = TOPIC, prefilled: bool = False
+        self,
+        db: Database,
+        sizes: Sizes,
+        n: int,
+        *,
+        topic: str = TOPIC,
+        prefilled: bool = False,
+        groups: int = 0,
     ) -> None:
         self.n = n
         self.topic = topic
@@ -172,9 +199,10 @@ class GatedDrain:
         self._reached = threading.Event()
         self._target = 0
         self._at = 0.0
-        self.client.ensure_channel(topic, CHANNEL)
+        # W7: a group FIFO channel, messages spread over ``groups`` groups.
+        self.client.ensure_channel(topic, CHANNEL, ordering="group_fifo" if groups else None)
         if not prefilled:
-            prefill(self.client, n, topic=topic)
+            prefill(self.client, n, topic=topic, groups=groups)
         db.analyze()
         self.consumer = start_consumer(self.client, self._handle, sizes, topic=topic)
 
