@@ -48,17 +48,41 @@ _park = (
     )
     .values(visible_at=d.c.visible_at + PARKED_OFFSET)
 )
-_of_group = sa.and_(
+_of_groups = sa.and_(
     groups.c.channel_id == sa.bindparam("p_channel"),
-    groups.c.group_key == sa.bindparam("p_key"),
+    groups.c.group_key.in_(sa.bindparam("p_keys", expanding=True)),
 )
-_head = sa.select(groups.c.head_id).where(_of_group).with_for_update()
-_set_head = sa.update(groups).where(_of_group).values(head_id=sa.bindparam("p_head"))
-_drop_group = sa.delete(groups).where(_of_group)
-# The group's next delivery: its lowest parked one, read in id order on
+_heads = (
+    sa.select(groups.c.group_key, groups.c.head_id)
+    .where(_of_groups)
+    .order_by(groups.c.group_key)
+    .with_for_update()
+)
+_drop_groups = sa.delete(groups).where(_of_groups)
+# A group's next delivery: its lowest parked one, read in id order on
 # ix_novaque_deliveries_group (past the group's dead letters and its head).
 # "+ 0" keeps planners off ix_novaque_deliveries_state, whose parked range holds
 # every group of the channel.
+_g = groups.alias("g")
+_next_of_g = (
+    sa.select(d.c.id)
+    .where(
+        d.c.channel_id == _g.c.channel_id,
+        d.c.group_key == _g.c.group_key,
+        d.c.state + 0 == STATE_READY,
+        d.c.visible_at + 0 >= PARKED_OFFSET,
+    )
+    .order_by(d.c.id)
+    .limit(1)
+    .correlate(_g)
+    .scalar_subquery()
+)
+#: The next delivery of each group named (``p_channel``, ``p_keys``).
+_nexts = sa.select(_g.c.group_key, _next_of_g).where(
+    _g.c.channel_id == sa.bindparam("p_channel"),
+    _g.c.group_key.in_(sa.bindparam("p_keys", expanding=True)),
+)
+#: The same for one group, as the plan test reads it.
 _next = (
     sa.select(d.c.id)
     .where(
@@ -70,7 +94,14 @@ _next = (
     .order_by(d.c.id)
     .limit(1)
 )
-_live = sa.select(d.c.id).where(d.c.id == sa.bindparam("p_id"), d.c.state != STATE_DEAD)
+_unpark_many = (
+    sa.update(d)
+    .where(d.c.id.in_(sa.bindparam("p_ids", expanding=True)), _parked)
+    .values(visible_at=d.c.visible_at - PARKED_OFFSET)
+)
+_live_ids = sa.select(d.c.id).where(
+    d.c.id.in_(sa.bindparam("p_ids", expanding=True)), d.c.state != STATE_DEAD
+)
 
 
 def park(conn: sa.Connection, rows: Sequence[dict[str, Any]]) -> None:
@@ -111,23 +142,45 @@ def leave(
     """Deliveries that may have left (acked, dead, deleted): a group whose head
     is gone gets its next one. Safe to call for deliveries that did not leave;
     ``gone``: this transaction saw them leave (their ack or death changed the
-    row), so a head among them is not looked for again."""
-    candidates: dict[tuple[int, str], set[int]] = {}
+    row), so a head among them is not looked for again.
+
+    A handful of statements per channel, whatever the number of groups: lock
+    the groups' rows, read their next deliveries (a statement of its own, so it
+    sees what a publisher that held a lock meanwhile committed), then move the
+    heads, unpark them and drop the groups left empty.
+    """
+    candidates: dict[int, dict[str, set[int]]] = {}
     for channel_id, key, delivery_id in members:
-        candidates.setdefault((channel_id, key), set()).add(delivery_id)
-    for (channel_id, key), ids in sorted(candidates.items()):
-        where = {"p_channel": channel_id, "p_key": key}
-        head = conn.execute(_head, where).scalar_one_or_none()
-        if head is None or int(head) not in ids:
+        candidates.setdefault(channel_id, {}).setdefault(key, set()).add(delivery_id)
+    for channel_id, by_key in sorted(candidates.items()):
+        where = {"p_channel": channel_id, "p_keys": sorted(by_key)}
+        heads = {
+            str(key): int(head)
+            for key, head in conn.execute(_heads, where)
+            if int(head) in by_key[str(key)]
+        }
+        if heads and not gone:
+            live = {int(r[0]) for r in conn.execute(_live_ids, {"p_ids": sorted(heads.values())})}
+            # A head still there (its ack lost its lease, say) stays.
+            heads = {key: head for key, head in heads.items() if head not in live}
+        if not heads:
             continue
-        if not gone and conn.execute(_live, {"p_id": head}).first() is not None:
-            continue  # the head is still there (its ack lost its lease, say)
-        following = conn.execute(_next, where).scalar_one_or_none()
-        if following is None:
-            conn.execute(_drop_group, where)
-            continue
-        conn.execute(_set_head, {**where, "p_head": following})
-        conn.execute(_unpark, {"p_id": following})
+        where = {"p_channel": channel_id, "p_keys": sorted(heads)}
+        following = {str(key): nxt for key, nxt in conn.execute(_nexts, where)}
+        moved = {key: int(nxt) for key, nxt in following.items() if nxt is not None}
+        empty = sorted(key for key in heads if key not in moved)
+        if moved:
+            conn.execute(
+                sa.update(groups)
+                .where(
+                    groups.c.channel_id == channel_id,
+                    groups.c.group_key.in_(sorted(moved)),
+                )
+                .values(head_id=sa.case(moved, value=groups.c.group_key))
+            )
+            conn.execute(_unpark_many, {"p_ids": sorted(moved.values())})
+        if empty:
+            conn.execute(_drop_groups, {"p_channel": channel_id, "p_keys": empty})
 
 
 def members_of(conn: sa.Connection, where: sa.ColumnElement[bool]) -> list[Member]:
