@@ -1,4 +1,4 @@
-"""novaque's benchmarks: the raw-SQL floor and the workloads W1a-W6.
+"""novaque's benchmarks: the raw-SQL floor and the workloads W1a-W8.
 
 Run them with ``novaque bench`` or ``python -m benchmarks.run`` (see
 ``benchmarks/README.md``). Every figure is reported next to the floor measured

@@ -34,6 +34,11 @@ class Sizes:
     w5_procs: tuple[int, ...] = (1, 2, 4)
     w6_messages: int = 20_000
     w6_channels: int = 5
+    #: W7: a group FIFO drain (issue 11), W2's consumer over this many groups.
+    w7_messages: int = 20_000
+    w7_groups: int = 1_000
+    #: W8: W6's publish with this many of its channels filtered (CEL).
+    w8_filtered: int = 4
 
     def scaled(self, factor: float) -> Sizes:
         """The same workloads with every message count multiplied by ``factor``."""
@@ -53,6 +58,8 @@ class Sizes:
             w4_backlog=n(self.w4_backlog, 100),
             w5_messages=n(self.w5_messages, 40),
             w6_messages=n(self.w6_messages, 20),
+            w7_messages=n(self.w7_messages, 20),
+            w7_groups=n(self.w7_groups, 2),
         )
 
 

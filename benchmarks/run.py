@@ -45,9 +45,9 @@ from benchmarks._databases import BACKENDS, Database
 from benchmarks._procs import WorkerPool
 from benchmarks.floor import Floor
 
-WORKLOADS = ("W1a", "W1b", "W2", "W3", "W4", "W5", "W6")
+WORKLOADS = ("W1a", "W1b", "W2", "W3", "W4", "W5", "W6", "W7", "W8")
 #: Workloads whose figure is measured against another workload's.
-NEEDS = {"W4": "W2", "W6": "W1b"}
+NEEDS = {"W4": "W2", "W6": "W1b", "W7": "W2", "W8": "W6"}
 #: The twins: novaque.Client ("sync") and novaque.aio.AsyncClient ("aio").
 CLIENTS = ("sync", "aio")
 #: The workloads the asyncio twin runs too (W4-W6 have the sync client only).
@@ -314,6 +314,7 @@ class BackendRun:
         novaque_step: Callable[[nq.Publisher, list[bytes]], float],
         *,
         channels: int = 1,
+        filtered: int = 0,
     ) -> None:
         """Publishing workloads: the floor and each twin take turns slice by slice.
 
@@ -339,7 +340,11 @@ class BackendRun:
             try:
                 for client in rows:
                     pub = pubs[client] = nq.Publisher(
-                        self.db, self.sizes, channels=channels, side=self._side(client)
+                        self.db,
+                        self.sizes,
+                        channels=channels,
+                        filtered=filtered,
+                        side=self._side(client),
                     )
                     steps[client] = functools.partial(novaque_step, pub)
                     spent[client], done[client] = 0.0, 0
@@ -386,17 +391,27 @@ class BackendRun:
             lambda pub, chunk: pub.batch(chunk),
         )
 
-    def _drains(self, rows: dict[str, Row], topic: str, *, keep: bool) -> None:
-        """W2 and W4: the floor and each twin's consumer drain in turns, slice by slice.
+    def _drains(
+        self,
+        rows: dict[str, Row],
+        topic: str,
+        *,
+        keep: bool,
+        n: int | None = None,
+        groups: int = 0,
+    ) -> None:
+        """W2, W4 and W7: the floor and each twin's consumer drain in turns, slice by slice.
 
         All queues are filled first (each twin on a topic of its own, so the
         sides never share messages); then each slice of ``n / 10`` messages
         is drained by every side in turn (which side goes first changing
         every slice), each side's clock running only during its own slices.
         ``keep`` leaves novaque's tables alone between runs (W4's backlog).
+        ``n`` messages (W2's count by default), over ``groups`` groups of a
+        group FIFO channel when given (W7).
         """
         s = self.sizes
-        n = s.w2_messages
+        n = s.w2_messages if n is None else n
         step = max(s.max_in_flight, n // 10)
         deadline = Deadline(self.timeout)
         workload = next(iter(rows.values())).workload
@@ -422,6 +437,7 @@ class BackendRun:
                         n,
                         topic=topic if client == "sync" else f"{topic}-{client}",
                         side=self._side(client),
+                        groups=groups,
                     )
                     spent[client] = 0.0
                 conn = self.floor.connect()
@@ -523,6 +539,30 @@ class BackendRun:
             channels=s.w6_channels,
         )
 
+    def _w7(self) -> None:
+        s = self.sizes
+        rows = self._rows("W7", "msg/s")
+        row = rows["sync"]
+        row.floor_label = "the floor's W2 drain (no groups), interleaved"
+        row.notes.append(f"{s.w7_messages:,} messages over {s.w7_groups:,} groups, group_fifo")
+        self._drains(rows, nq.TOPIC, keep=False, n=s.w7_messages, groups=s.w7_groups)
+
+    def _w8(self) -> None:
+        s = self.sizes
+        rows = self._rows("W8", "msg/s")
+        row = rows["sync"]
+        row.floor_label = "the floor's W1b, interleaved (the floor has no fan-out)"
+        row.notes.append(f"{s.w8_filtered} of {s.w6_channels} channels with a CEL filter")
+        self._interleaved(
+            rows,
+            s.w6_messages,
+            s.batch,
+            self.floor.publish_batch,
+            lambda pub, chunk: pub.batch(chunk),
+            channels=s.w6_channels,
+            filtered=s.w8_filtered,
+        )
+
     # -- figures and targets -------------------------------------------------------------
 
     def _judge(self) -> None:
@@ -553,6 +593,13 @@ class BackendRun:
                     per = row.ratio / w1b.ratio
                     row.figure = f"W6/W1b {per:.2f}"
                     row.target, row.met = "W6/W1b >= 0.5", per >= 0.5
+            elif name in ("W7", "W8"):
+                base, least = ("W2", 0.5) if name == "W7" else ("W6", 0.7)
+                other = rows.get(base)
+                if other is not None and other.ratio is not None and row.ratio is not None:
+                    per = row.ratio / other.ratio
+                    row.figure = f"{name}/{base} {per:.2f}"
+                    row.target, row.met = f"{name}/{base} >= {least}", per >= least
             elif name.startswith("W5 x"):
                 one = rows.get("W5 x1")
                 procs = int(name[4:])
@@ -663,8 +710,9 @@ def table(rows: list[Row]) -> str:
         )
     if any(r.floor_label for r in rows):
         notes.append(
-            "* W6's floor publishes as in W1b (it has no fan-out), W4's floor drains without "
-            "a backlog; W6/W1b and W4/W2 are ratios of the two ratios to the floor."
+            "* W6's and W8's floor publishes as in W1b (it has no fan-out), W4's and W7's floor "
+            "drains as in W2; W6/W1b, W4/W2, W7/W2 and W8/W6 are ratios of the two ratios to "
+            "the floor."
         )
     return "\n".join(out + notes)
 

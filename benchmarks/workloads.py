@@ -1,4 +1,4 @@
-"""The workloads W1a-W6 on novaque (the floor's side lives in ``floor.py``).
+"""The workloads W1a-W8 on novaque (the floor's side lives in ``floor.py``).
 
 Each function measures one run and returns a :class:`Run`; setup (publishing
 the messages a drain will consume, loading W4's backlog) happens before the
@@ -124,12 +124,21 @@ def batches(n: int, size: int) -> Iterator[list[bytes]]:
 
 
 def prefill(
-    client: Any, n: int, *, topic: str = TOPIC, batch: int = 1000, side: SyncSide | None = None
+    client: Any,
+    n: int,
+    *,
+    topic: str = TOPIC,
+    batch: int = 1000,
+    side: SyncSide | None = None,
+    groups: int = 0,
 ) -> None:
-    """Publish ``n`` messages with ``publish_many`` (setup, not timed), on either twin."""
+    """Publish ``n`` messages with ``publish_many`` (setup, not timed), on either
+    twin; with ``groups``, message ``i`` in group ``i % groups``."""
     side = side or SYNC
-    for bodies in batches(n, batch):
-        side.call(client, "publish_many", topic, bodies)
+    for start in range(0, n, batch):
+        numbers = range(start, min(n, start + batch))
+        keys = [f"g{i % groups}" for i in numbers] if groups else None
+        side.call(client, "publish_many", topic, [body(i) for i in numbers], groups=keys)
 
 
 # -- the two twins: how a workload drives each -----------------------------------------
@@ -187,10 +196,12 @@ class SyncSide:
             client.publish(TOPIC, data)
         return time.perf_counter() - started
 
-    def publish_batch(self, client: novaque.Client, bodies: list[bytes]) -> float:
-        """W1b's and W6's slice: one ``publish_many``; the seconds it took."""
+    def publish_batch(
+        self, client: novaque.Client, bodies: list[bytes], headers: dict[str, str] | None = None
+    ) -> float:
+        """W1b's, W6's and W8's slice: one ``publish_many``; the seconds it took."""
         started = time.perf_counter()
-        client.publish_many(TOPIC, bodies)
+        client.publish_many(TOPIC, bodies, headers=headers)
         return time.perf_counter() - started
 
     def gate(self) -> Gate:
@@ -255,8 +266,10 @@ class AioSide(SyncSide):
     def publish_each(self, client: Any, bodies: list[bytes]) -> float:
         return self.run(_aio_publish_each(client, bodies))
 
-    def publish_batch(self, client: Any, bodies: list[bytes]) -> float:
-        return self.run(_aio_publish_batch(client, bodies))
+    def publish_batch(
+        self, client: Any, bodies: list[bytes], headers: dict[str, str] | None = None
+    ) -> float:
+        return self.run(_aio_publish_batch(client, bodies, headers))
 
     def gate(self) -> Gate:
         return Gate(asyncio.Event(), self.loop.call_soon_threadsafe)
@@ -318,13 +331,24 @@ async def _aio_publish_each(client: novaque.aio.AsyncClient, bodies: list[bytes]
     return time.perf_counter() - started
 
 
-async def _aio_publish_batch(client: novaque.aio.AsyncClient, bodies: list[bytes]) -> float:
+async def _aio_publish_batch(
+    client: novaque.aio.AsyncClient, bodies: list[bytes], headers: dict[str, str] | None
+) -> float:
     started = time.perf_counter()
-    await client.publish_many(TOPIC, bodies)
+    await client.publish_many(TOPIC, bodies, headers=headers)
     return time.perf_counter() - started
 
 
 # -- W1a / W1b / W6: publishing -------------------------------------------------------
+
+
+#: W8's filters: three take every message it publishes, one none.
+FILTERS = (
+    'headers["region"] == "eu"',
+    'headers["tier"] == "gold" && topic == "bench"',
+    'headers["region"] == "us"',
+    'headers["tier"] in ["gold", "silver"]',
+)
 
 
 class Publisher:
@@ -336,14 +360,24 @@ class Publisher:
     """
 
     def __init__(
-        self, db: Database, sizes: Sizes, *, channels: int = 1, side: SyncSide = SYNC
+        self,
+        db: Database,
+        sizes: Sizes,
+        *,
+        channels: int = 1,
+        filtered: int = 0,
+        side: SyncSide = SYNC,
     ) -> None:
         self.side = side
         self.client = side.connect(db, sizes)
+        self.headers: dict[str, str] | None = None
         for c in range(channels):
-            side.call(
-                self.client, "ensure_channel", TOPIC, f"{CHANNEL}{c}" if channels > 1 else CHANNEL
-            )
+            name = f"{CHANNEL}{c}" if channels > 1 else CHANNEL
+            # W8: the last ``filtered`` channels take a CEL filter each.
+            expression = FILTERS[c % len(FILTERS)] if c >= channels - filtered else None
+            side.call(self.client, "ensure_channel", TOPIC, name, filter=expression)
+        if filtered:
+            self.headers = {"region": "eu", "tier": "gold"}
         side.call(self.client, "publish", TOPIC, body(0))  # first use: schema check, topic id
 
     def one_by_one(self, bodies: list[bytes]) -> float:
@@ -351,8 +385,8 @@ class Publisher:
         return self.side.publish_each(self.client, bodies)
 
     def batch(self, bodies: list[bytes]) -> float:
-        """W1b / W6: one ``publish_many``."""
-        return self.side.publish_batch(self.client, bodies)
+        """W1b / W6 / W8: one ``publish_many``."""
+        return self.side.publish_batch(self.client, bodies, self.headers)
 
     def close(self) -> None:
         self.side.close(self.client)
@@ -385,6 +419,7 @@ class GatedDrain:
         topic: str = TOPIC,
         prefilled: bool = False,
         side: SyncSide = SYNC,
+        groups: int = 0,
     ) -> None:
         self.n = n
         self.topic = topic
@@ -397,9 +432,11 @@ class GatedDrain:
         self._reached = threading.Event()
         self._target = 0
         self._at = 0.0
-        side.call(self.client, "ensure_channel", topic, CHANNEL)
+        # W7: a group FIFO channel, messages spread over ``groups`` groups.
+        ordering = "group_fifo" if groups else None
+        side.call(self.client, "ensure_channel", topic, CHANNEL, ordering=ordering)
         if not prefilled:
-            prefill(self.client, n, topic=topic, side=side)
+            prefill(self.client, n, topic=topic, side=side, groups=groups)
         db.analyze()
         handler = side.handler(self._count, self._gate)
         self.consumer = side.subscribe(self.client, handler, sizes, topic)

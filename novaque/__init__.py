@@ -18,6 +18,7 @@ from novaque.client import Client, connect
 from novaque.consumer import Consumer
 from novaque.errors import (
     ChannelNotFound,
+    InvalidFilter,
     InvalidName,
     InvalidOption,
     LeaseLost,
@@ -31,6 +32,7 @@ from novaque.errors import (
 )
 from novaque.models import (
     Backlog,
+    ChannelSettings,
     Counters,
     DeadLetter,
     DeliveryInfo,
@@ -45,11 +47,13 @@ __all__ = [
     "Backlog",
     "Backoff",
     "ChannelNotFound",
+    "ChannelSettings",
     "Client",
     "Consumer",
     "Counters",
     "DeadLetter",
     "DeliveryInfo",
+    "InvalidFilter",
     "InvalidName",
     "InvalidOption",
     "LeaseLost",

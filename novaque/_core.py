@@ -26,7 +26,7 @@ from novaque.errors import (
     InvalidOption,
     LeaseLost,
 )
-from novaque.models import Message
+from novaque.models import ChannelSettings, Message
 from novaque.ops import Batch, Effects, consume, maintain, topology
 from novaque.ops import publish as publish_op
 from novaque.options import Duration, Options, check_int, seconds
@@ -131,6 +131,9 @@ class CoreClient:
         #: Engines of callers' connections whose schema was checked.
         self._checked_engines: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
         self._channel_cache: dict[tuple[str, str], tuple[int, float]] = {}
+        #: Topics last seen with routed channels: published in a transaction
+        #: (a hint only: each publish learns the truth in its own statements).
+        self._routed_topics: set[str] = set()
         self._wake_lock = threading.Lock()
         self._wakers: dict[str, list[Callable[[], None]]] = {}
         self._default_ttl = seconds(self.options.default_ttl, "Options.default_ttl")
@@ -247,6 +250,7 @@ class CoreClient:
         max_attempts: int | None = None,
         headers: dict[str, str] | None = None,
         dedup_key: str | None = None,
+        group: str | None = None,
         connection: sa.Connection | None = None,
         session: Session | None = None,
     ) -> int:
@@ -258,7 +262,9 @@ class CoreClient:
         otherwise novaque commits it before returning. A topic that does not
         exist is created. With ``dedup_key``, publishing again with the same
         key while the first message lives returns the first id and writes
-        nothing.
+        nothing. ``group`` (1-200 characters) is the message's ordering key:
+        a ``group_fifo`` channel hands out the messages of one group one at a
+        time, in order (see the guide, "Ordering and routing").
         """
         return self._publish(
             topic,
@@ -268,6 +274,7 @@ class CoreClient:
             max_attempts=max_attempts,
             headers=headers,
             dedup_keys=[_validate.dedup_key(dedup_key)],
+            groups=[_validate.group(group)],
             connection=connection,
             session=session,
         )[0]
@@ -282,14 +289,15 @@ class CoreClient:
         max_attempts: int | None = None,
         headers: dict[str, str] | None = None,
         dedup_keys: Sequence[str | None] | None = None,
+        groups: Sequence[str | None] | None = None,
         connection: sa.Connection | None = None,
         session: Session | None = None,
     ) -> list[int]:
         """Publish many messages to ``topic`` in one transaction with bulk inserts.
 
         Returns their ids in order. ``delay``, ``ttl``, ``max_attempts`` and
-        ``headers`` apply to every message; ``dedup_keys``, if given, has one
-        key (or None) per body.
+        ``headers`` apply to every message; ``dedup_keys`` and ``groups``, if
+        given, have one key (or None) per body.
         """
         body_list = list(bodies)
         if dedup_keys is None:
@@ -300,6 +308,16 @@ class CoreClient:
                 raise InvalidOption(
                     f"dedup_keys has {len(keys)} entries for {len(body_list)} bodies"
                 )
+        if groups is None:
+            group_list: list[str | None] = [None] * len(body_list)
+        else:
+            if isinstance(groups, str):
+                raise TypeError("groups must be a sequence of str or None, one per body")
+            group_list = [_validate.group(g) for g in groups]
+            if len(group_list) != len(body_list):
+                raise InvalidOption(
+                    f"groups has {len(group_list)} entries for {len(body_list)} bodies"
+                )
         return self._publish(
             topic,
             body_list,
@@ -308,6 +326,7 @@ class CoreClient:
             max_attempts=max_attempts,
             headers=headers,
             dedup_keys=keys,
+            groups=group_list,
             connection=connection,
             session=session,
         )
@@ -322,6 +341,7 @@ class CoreClient:
         max_attempts: int | None,
         headers: dict[str, str] | None,
         dedup_keys: list[str | None],
+        groups: list[str | None],
         connection: sa.Connection | None,
         session: Session | None,
     ) -> list[int]:
@@ -349,6 +369,7 @@ class CoreClient:
             "topic": topic,
             "bodies": data,
             "dedup_keys": dedup_keys,
+            "groups": groups,
             "headers": header_text,
             "ttl_us": int(ttl_s * US),
             "delay_us": int(delay_s * US),
@@ -383,20 +404,33 @@ class CoreClient:
         """Publish in novaque's own transaction; the topic id is cached once it committed."""
         topic_id = self._topic_ids.get(topic)
         # One statement where the dialect can: the topic id is known, no dedup
-        # keys, and the bodies fit one INSERT batch.
-        one = topic_id is not None and publish_op.one_statement(
-            params["bodies"], params["dedup_keys"]
+        # keys, the bodies fit one INSERT batch, and the topic was not seen
+        # with routed channels (a filter, an ordering), whose deliveries are
+        # written by a second statement of the same transaction.
+        one = (
+            topic_id is not None
+            and topic not in self._routed_topics
+            and publish_op.one_statement(params["bodies"], params["dedup_keys"])
         )
         try:
             done = self._run_timed(
-                "publish" if one else "", publish_op.publish, topic_id=topic_id, **params
+                "publish" if one else "",
+                publish_op.publish,
+                topic_id=topic_id,
+                routed=not one,
+                **params,
             )
+            if done.declined:  # routed channels after all: nothing was written
+                self._routed_topics.add(topic)
+                done = self._run_timed("", publish_op.publish, topic_id=topic_id, **params)
         except sa.exc.IntegrityError:
             # A cached topic id may belong to a topic deleted elsewhere (ids are
             # never reused, so it cannot name another topic): look it up again.
             if self._topic_ids.pop(topic, None) is None:
                 raise
             done = self._run_timed("", publish_op.publish, topic_id=None, **params)
+        if not done.routed:
+            self._routed_topics.discard(topic)
         self._apply(done.effects(topic))
         return done.ids
 
@@ -406,6 +440,8 @@ class CoreClient:
         self._topic_ids.update(effects.topic_ids)
         for topic in effects.wake:
             self._wake(topic)
+        for text in effects.warnings:
+            self.log.warning("%s", text)
         lonely = effects.no_channel
         if lonely is not None and lonely not in _warned_no_channel:
             _warned_no_channel.add(lonely)
@@ -486,23 +522,73 @@ class CoreClient:
         topic: str,
         channel: str,
         *,
+        ordering: str | None = None,
+        filter: str | None = None,
+        lease: Duration | None = None,
+        max_attempts: int | None = None,
         dead_max_age: Duration | None = None,
         dead_max_count: int | None = None,
+        reset: Iterable[str] = (),
     ) -> None:
-        """Create ``channel`` on ``topic`` (and the topic) if missing.
+        """Create ``channel`` on ``topic`` (and the topic) if missing, with settings.
 
-        A new channel receives messages published from now on. ``dead_max_age``
-        and ``dead_max_count`` bound its dead letters (default: the client's
-        ``Options``); given for an existing channel, they replace its bounds.
+        A new channel receives messages published from now on and takes the
+        settings given (the others: ``"standard"`` ordering and the client's
+        ``Options``). For an existing channel each setting given replaces the
+        stored one and the others keep theirs; ``reset`` names settings to
+        return to the client's defaults.
+
+        - ``ordering``: ``"standard"``, ``"group_fifo"`` or ``"strict_fifo"``;
+        - ``filter``: a boolean CEL expression over ``headers``, ``group`` and
+          ``topic`` that a message must satisfy to be delivered to the channel
+          (``""`` removes it); compiled and checked here, raising
+          :class:`InvalidFilter` (and storing nothing) for a bad one;
+        - ``lease``: of claims and consumers on the channel that name none;
+        - ``max_attempts``: the budget of every delivery created in the channel
+          from then on, whatever the publish said;
+        - ``dead_max_age``, ``dead_max_count``: bounds of its dead letters.
+
+        Settings committed here hold for every claim and publish that starts
+        afterwards, in every process.
         """
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
-        age_us = None
-        if dead_max_age is not None:
-            age_us = _validate.dead_max_age_us(dead_max_age)
-        if dead_max_count is not None:
-            _validate.dead_max_count(dead_max_count)
-        self._run_timed("", topology.ensure_channel, topic, channel, age_us, dead_max_count)
+        settings = _validate.channel_settings(
+            reset,
+            ordering=ordering,
+            filter=filter,
+            lease=lease,
+            max_attempts=max_attempts,
+            dead_max_age=dead_max_age,
+            dead_max_count=dead_max_count,
+        )
+        self._run_timed("", topology.ensure_channel, topic, channel, settings)
+
+    def channel_settings(self, topic: str, channel: str) -> ChannelSettings:
+        """The stored settings of a channel (see :meth:`ensure_channel`)."""
+        _validate.name(topic, "topic")
+        _validate.name(channel, "channel")
+        return self._run_op("", topology.channel_settings, topic, channel)
+
+    def pause_channel(self, topic: str, channel: str) -> None:
+        """Stop handing out the channel's deliveries, in every process.
+
+        A paused channel still receives deliveries, and leases already held
+        can still be settled and renewed, but no claim or consumer gets
+        anything from it until :meth:`resume_channel`.
+        """
+        self._set_paused(topic, channel, True)
+
+    def resume_channel(self, topic: str, channel: str) -> None:
+        """Hand out the channel's deliveries again; its consumers pick up within
+        a poll interval (at once on PostgreSQL, through NOTIFY)."""
+        self._set_paused(topic, channel, False)
+
+    def _set_paused(self, topic: str, channel: str, paused: bool) -> None:
+        _validate.name(topic, "topic")
+        _validate.name(channel, "channel")
+        self._apply(self._run_op("", topology.set_paused, topic, channel, paused))
+        self.log.info("%s channel %s/%s", "paused" if paused else "resumed", topic, channel)
 
     def delete_topic(self, topic: str) -> None:
         """Delete ``topic`` with its channels, messages, deliveries and counters."""
@@ -556,20 +642,28 @@ class CoreClient:
         check_int(max_messages, "max_messages", 1, MAX_CLAIM)
         lease_s = _validate.lease(lease, self._default_lease)
         channel_id = self._channel_id(topic, channel)
-        return self._claim(topic, channel, channel_id, max_messages, lease_s)
+        return self._claim(topic, channel, channel_id, max_messages, lease_s, lease is None)
 
     def _claim(
-        self, topic: str, channel: str, channel_id: int, limit: int, lease_s: float
+        self,
+        topic: str,
+        channel: str,
+        channel_id: int,
+        limit: int,
+        lease_s: float,
+        channel_lease: bool = False,
     ) -> list[Message]:
+        """Claim with ``lease_s``; with ``channel_lease`` the channel's own lease,
+        when it has one, replaces it."""
         token = secrets.token_hex(16)
-        rows, until, effects = self._run_timed(
-            "claim", consume.claim, channel_id, limit, int(lease_s * US), token
+        rows, now, effects = self._run_timed(
+            "claim", consume.claim, channel_id, limit, int(lease_s * US), token, channel_lease
         )
         if not rows:
             self._channel_maybe_gone(topic, channel)
             return []
         self._apply(effects)
-        return consume.messages_of(rows, topic, channel, channel_id, token, until)
+        return consume.messages_of(rows, topic, channel, channel_id, token, now)
 
     def _ack_and_claim(
         self,
@@ -579,6 +673,7 @@ class CoreClient:
         channel_id: int,
         limit: int,
         lease_s: float,
+        channel_lease: bool = False,
     ) -> tuple[list[Message], list[Message]]:
         """Ack ``acks`` and lease up to ``limit`` more deliveries in one transaction.
 
@@ -587,18 +682,27 @@ class CoreClient:
         (as :meth:`ack_many`) and the messages claimed (as :meth:`claim`).
         """
         if not acks:
-            return [], self._claim(topic, channel, channel_id, limit, lease_s) if limit else []
+            if not limit:
+                return [], []
+            return [], self._claim(topic, channel, channel_id, limit, lease_s, channel_lease)
         if limit <= 0:
             return self.ack_many(acks), []
         token = secrets.token_hex(16)
-        lost, rows, until, effects = self._run_timed(
-            "ack_claim", consume.ack_and_claim, acks, channel_id, limit, int(lease_s * US), token
+        lost, rows, now, effects = self._run_timed(
+            "" if consume.ordered(acks) else "ack_claim",
+            consume.ack_and_claim,
+            acks,
+            channel_id,
+            limit,
+            int(lease_s * US),
+            token,
+            channel_lease,
         )
         self._apply(effects)
         if not rows:
             self._channel_maybe_gone(topic, channel)
             return lost, []
-        return lost, consume.messages_of(rows, topic, channel, channel_id, token, until)
+        return lost, consume.messages_of(rows, topic, channel, channel_id, token, now)
 
     def ack(self, msg: Message) -> None:
         """Settle ``msg`` as done: its delivery is deleted (the message stays until TTL).
@@ -612,7 +716,7 @@ class CoreClient:
         """Ack many messages in one transaction; return those whose lease was lost."""
         if not msgs:
             return []
-        lost, effects = self._run_timed("ack", consume.ack, msgs)
+        lost, effects = self._run_timed("" if consume.ordered(msgs) else "ack", consume.ack, msgs)
         self._apply(effects)
         return lost
 
@@ -682,18 +786,23 @@ class CoreClient:
         self._bury(msg, _validate.reason(reason), None)
 
     def _bury(self, msg: Message, reason: str, error: str | None) -> None:
-        changed, effects = self._run_timed("settle", consume.kill, msg, reason, error)
+        op = "" if consume.ordered([msg]) else "settle"
+        changed, effects = self._run_timed(op, consume.kill, msg, reason, error)
         if not changed:
             raise LeaseLost(_lost_text(msg))
         self._apply(effects)
 
     def renew(self, msg: Message, *, lease: Duration | None = None) -> Any:
-        """Extend ``msg``'s lease to ``lease`` from now (default ``Options.default_lease``).
+        """Extend ``msg``'s lease to ``lease`` from now (default: the channel's
+        ``lease`` setting as the claim read it, else ``Options.default_lease``).
 
         Keeps the token, updates ``msg.lease_expires_at`` and returns the new
         expiry. Raises :class:`LeaseLost` if the lease is no longer current.
         """
-        lease_s = _validate.lease(lease, self._default_lease)
+        if lease is None and msg.channel_lease_us is not None:
+            lease_s = msg.channel_lease_us / US
+        else:
+            lease_s = _validate.lease(lease, self._default_lease)
         until = self._run_timed("settle", consume.renew, msg, int(lease_s * US))
         if until is None:
             raise LeaseLost(_lost_text(msg))

@@ -124,12 +124,18 @@ class Ledger:
         self.lost.discard(key(msg))
 
     def renewal_due(self, now_us: int, within_us: int) -> list[Message]:
-        """Held leases (not known lost) that expire within ``within_us``."""
+        """Held leases (not known lost) that expire within ``within_us``, or within
+        half their own lease when that is shorter (a channel's lease)."""
         return [
             m
             for k, m in self.held.items()
-            if k not in self.lost and to_us(m.lease_expires_at) - now_us <= within_us
+            if k not in self.lost
+            and to_us(m.lease_expires_at) - now_us <= min(within_us, m.lease_us // 2 or within_us)
         ]
+
+    def shortest_lease_us(self) -> int | None:
+        """The shortest lease (microseconds) among those held, if any is known."""
+        return min((m.lease_us for m in self.held.values() if m.lease_us > 0), default=None)
 
     def mark_lost(self, msg: Message) -> bool:
         """A renewal found the lease gone; False if it was let go meanwhile."""

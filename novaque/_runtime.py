@@ -180,6 +180,7 @@ class RuntimeClient(CoreClient):
             lease=lease_s,
             backoff=policy,
             poll_interval=poll_s,
+            channel_lease=lease is None,
         )
         if register:
             with self._runtime_lock:

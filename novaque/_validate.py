@@ -6,7 +6,9 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from datetime import date, datetime
+from typing import Any
 
+from novaque import _filters
 from novaque._time import US
 from novaque._waits import THREADS, Waits
 from novaque.errors import InvalidName, InvalidOption, MessageTooLarge
@@ -20,6 +22,7 @@ from novaque.options import (
     dead_max_age,
     seconds,
 )
+from novaque.schema import ORDERINGS
 
 _NAME = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 
@@ -162,21 +165,26 @@ def max_attempts(value: object, default: int) -> int:
     return check_int(default if value is None else value, "max_attempts", 1, MAX_ATTEMPTS)
 
 
-def dedup_key(value: object) -> str | None:
+def dedup_key(value: object, name: str = "dedup_key") -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise TypeError(f"dedup_key must be a str, got {type(value).__name__}")
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
     if not 1 <= len(value) <= MAX_DEDUP_KEY:
-        raise InvalidOption(f"dedup_key must be 1-200 characters, got {len(value)}")
+        raise InvalidOption(f"{name} must be 1-200 characters, got {len(value)}")
     # A key is looked up exactly: refuse what cannot be stored, never alter it.
     bad = _UNSTORABLE.search(value)
     if bad is not None:
         raise InvalidOption(
-            f"dedup_key {value[:60]!r} holds {bad.group()!r} at index {bad.start()}: "
+            f"{name} {value[:60]!r} holds {bad.group()!r} at index {bad.start()}: "
             "a key may not contain NUL or lone surrogates (U+D800-U+DFFF)"
         )
     return value
+
+
+def group(value: object) -> str | None:
+    """An ordering key (``publish(group=...)``): 1-200 characters, compared exactly."""
+    return dedup_key(value, "group")
 
 
 def error_text(error: object) -> str | None:
@@ -301,3 +309,53 @@ def sync_hint(value: object) -> str:
     if wanted is not None and type(value).__module__.startswith("sqlalchemy"):
         return f"; novaque.aio.AsyncClient works with asyncio's {wanted} (novaque.Client with this)"
     return ""
+
+
+#: The settings ``ensure_channel(reset=...)`` can name.
+CHANNEL_SETTINGS = (
+    "ordering",
+    "filter",
+    "lease",
+    "max_attempts",
+    "dead_max_age",
+    "dead_max_count",
+)
+
+
+def channel_settings(reset: object, **given: Any) -> dict[str, Any]:
+    """The columns of ``novaque_channels`` to store, from the settings given (not
+    None) and those named in ``reset`` (stored as their defaults)."""
+    if isinstance(reset, str) or not isinstance(reset, Iterable):
+        raise TypeError(f"reset must be a tuple of setting names, got {type(reset).__name__}")
+    names = list(reset)
+    for item in names:
+        if item not in CHANNEL_SETTINGS:
+            raise InvalidOption(
+                f"reset names {item!r}, which is no channel setting; the settings are "
+                + ", ".join(CHANNEL_SETTINGS)
+            )
+        if given.get(item) is not None:
+            raise InvalidOption(f"{item} is both given and reset")
+    stored: dict[str, Any] = {("filter_expr" if n == "filter" else n): None for n in names}
+    if "ordering" in stored:
+        stored["ordering"] = ORDERINGS["standard"]
+    ordering = given.get("ordering")
+    if ordering is not None:
+        if not isinstance(ordering, str):
+            raise TypeError(f"ordering must be a str, got {type(ordering).__name__}")
+        if ordering not in ORDERINGS:
+            raise InvalidOption(
+                f"ordering is {ordering!r}; it must be one of " + ", ".join(map(repr, ORDERINGS))
+            )
+        stored["ordering"] = ORDERINGS[ordering]
+    if given.get("filter") is not None:
+        stored["filter_expr"] = _filters.check(given["filter"])
+    if given.get("lease") is not None:
+        stored["lease"] = int(lease(given["lease"], 0) * US)
+    if given.get("max_attempts") is not None:
+        stored["max_attempts"] = max_attempts(given["max_attempts"], 1)
+    if given.get("dead_max_age") is not None:
+        stored["dead_max_age"] = dead_max_age_us(given["dead_max_age"])
+    if given.get("dead_max_count") is not None:
+        stored["dead_max_count"] = dead_max_count(given["dead_max_count"])
+    return stored

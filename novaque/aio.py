@@ -153,6 +153,7 @@ class AsyncClient:
         max_attempts: int | None = None,
         headers: dict[str, str] | None = None,
         dedup_key: str | None = None,
+        group: str | None = None,
         connection: AsyncConnection | None = None,
         session: AsyncSession | None = None,
     ) -> int:
@@ -173,6 +174,7 @@ class AsyncClient:
             max_attempts=max_attempts,
             headers=headers,
             dedup_key=dedup_key,
+            group=group,
             connection=conn,
             session=sess,
         )
@@ -187,6 +189,7 @@ class AsyncClient:
         max_attempts: int | None = None,
         headers: dict[str, str] | None = None,
         dedup_keys: Sequence[str | None] | None = None,
+        groups: Sequence[str | None] | None = None,
         connection: AsyncConnection | None = None,
         session: AsyncSession | None = None,
     ) -> list[int]:
@@ -202,6 +205,7 @@ class AsyncClient:
             max_attempts=max_attempts,
             headers=headers,
             dedup_keys=dedup_keys,
+            groups=groups,
             connection=conn,
             session=sess,
         )
@@ -285,6 +289,9 @@ class AsyncClient:
     explain = _bridged(Client.explain)
     ensure_topic = _bridged(Client.ensure_topic)
     ensure_channel = _bridged(Client.ensure_channel)
+    channel_settings = _bridged(Client.channel_settings)
+    pause_channel = _bridged(Client.pause_channel)
+    resume_channel = _bridged(Client.resume_channel)
     delete_topic = _bridged(Client.delete_topic)
     delete_channel = _bridged(Client.delete_channel)
     list_topics = _bridged(Client.list_topics)

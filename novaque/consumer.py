@@ -75,6 +75,7 @@ class ConsumerHost(Protocol):
         channel_id: int,
         limit: int,
         lease_s: float,
+        channel_lease: bool = False,
     ) -> tuple[list[Message], list[Message]]: ...
 
     def ack(self, msg: Message) -> None: ...
@@ -152,7 +153,9 @@ class Consumer:
     consumer raises nothing).
 
     Attributes ``topic``, ``channel``, ``max_in_flight``, ``lease`` (seconds),
-    ``backoff`` and ``poll_interval`` (seconds) are the effective settings.
+    ``backoff`` and ``poll_interval`` (seconds) are the effective settings;
+    with ``channel_lease`` (the subscriber named no lease) the channel's own
+    ``lease`` setting, when it has one, replaces ``lease`` at each claim.
     """
 
     def __init__(
@@ -166,12 +169,14 @@ class Consumer:
         lease: float,
         backoff: Backoff,
         poll_interval: float,
+        channel_lease: bool = False,
     ) -> None:
         self.topic = topic
         self.channel = channel
         self.handler = handler
         self.max_in_flight = max_in_flight
         self.lease = lease
+        self.channel_lease = channel_lease
         self.backoff = backoff
         self.poll_interval = poll_interval
         self._client = client
@@ -351,7 +356,13 @@ class Consumer:
                 # (a channel deleted and created again has a new id).
                 channel_id = self._client._channel_id(self.topic, self.channel)
                 lost, got = self._client._ack_and_claim(
-                    [o.msg for o in acks], self.topic, self.channel, channel_id, free, self.lease
+                    [o.msg for o in acks],
+                    self.topic,
+                    self.channel,
+                    channel_id,
+                    free,
+                    self.lease,
+                    self.channel_lease,
                 )
             except Exception as exc:
                 self._give_back(acks)
@@ -609,11 +620,17 @@ class Consumer:
 
     # -- heartbeat --------------------------------------------------------------------
 
+    def _heartbeat_tick(self) -> float:
+        """A quarter of the shortest lease held (a channel's lease may be shorter)."""
+        with self._lock:
+            shortest = self._ledger.shortest_lease_us()
+        lease = self.lease if shortest is None else min(self.lease, shortest / US)
+        return min(max(lease / 4, HEARTBEAT_TICK_MIN_S), HEARTBEAT_TICK_MAX_S)
+
     def _heartbeat_loop(self) -> None:
-        tick = min(max(self.lease / 4, HEARTBEAT_TICK_MIN_S), HEARTBEAT_TICK_MAX_S)
         half_us = int(self.lease * US / 2)
         errors = RetryDelay()
-        while not self._stop_heartbeat.wait(tick):
+        while not self._stop_heartbeat.wait(self._heartbeat_tick()):
             try:
                 now = self._client._now()
             except Exception as exc:  # a user clock that fails
@@ -630,7 +647,7 @@ class Consumer:
 
     def _renew(self, msg: Message, errors: RetryDelay) -> None:
         try:
-            self._client.renew(msg, lease=self.lease)
+            self._client.renew(msg, lease=None if self.channel_lease else self.lease)
         except LeaseLost:
             with self._lock:
                 still_held = self._ledger.mark_lost(msg)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 __all__ = [
     "ChannelNotFound",
+    "InvalidFilter",
     "InvalidName",
     "InvalidOption",
     "LeaseLost",
@@ -40,6 +41,11 @@ class InvalidOption(NovaqueError, ValueError):
 
     The message names the offending value and the allowed range.
     """
+
+
+class InvalidFilter(NovaqueError, ValueError):
+    """A channel filter is not a boolean CEL expression over ``headers``,
+    ``group`` and ``topic`` (the message says why, with the parser's text)."""
 
 
 class MessageTooLarge(NovaqueError, ValueError):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 __all__ = [
     "Backlog",
+    "ChannelSettings",
     "Counters",
     "DeadLetter",
     "DeliveryInfo",
@@ -17,6 +18,7 @@ __all__ = [
 ]
 
 DeliveryState = Literal["pending", "ready", "in_flight", "dead"]
+Ordering = Literal["standard", "group_fifo", "strict_fifo"]
 
 
 @dataclass(slots=True)
@@ -39,7 +41,16 @@ class Message:
     delivery_id: int
     lease_token: str
     lease_expires_at: datetime
+    #: The ordering key given at publish (None when none).
+    group: str | None = None
     channel_id: int = field(default=0, repr=False, compare=False)
+    #: The lease the claim took (microseconds), and the channel's own lease
+    #: setting as the claim read it (None: none), which ``renew`` extends by.
+    lease_us: int = field(default=0, repr=False, compare=False)
+    channel_lease_us: int | None = field(default=None, repr=False, compare=False)
+    #: The delivery's key in its channel's ordering (None: its group, if any,
+    #: waits on nothing): settling it may hand its group's next delivery out.
+    order_key: str | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,3 +145,19 @@ class MessageInfo:
     published_at: datetime
     expires_at: datetime
     deliveries: list[DeliveryInfo]
+    #: The ordering key given at publish (None when none).
+    group: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelSettings:
+    """A channel's settings (see ``Client.ensure_channel``); ``None``: the
+    client's default (``Options``)."""
+
+    ordering: Ordering
+    filter: str | None
+    lease: timedelta | None
+    max_attempts: int | None
+    dead_max_age: timedelta | None
+    dead_max_count: int | None
+    paused: bool

@@ -22,11 +22,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEAD_VISIBLE_AT",
+    "ORDERINGS",
+    "PARKED_OFFSET",
     "STATE_DEAD",
     "STATE_LEASED",
     "STATE_READY",
     "channels",
     "deliveries",
+    "groups",
     "include_object",
     "messages",
     "metadata",
@@ -54,6 +57,15 @@ STATE_DEAD = 2  # dead letter; visible_at is DEAD_VISIBLE_AT
 #: rows sit at the end of the claim index, outside every claim's range, and in
 #: delivery-id order for dead-letter listing.
 DEAD_VISIBLE_AT = 2**62
+
+#: Added to the ``visible_at`` of a ready delivery of an ordered channel that
+#: waits behind its group's head ("parked"): it leaves every claim's range
+#: (beyond any real time, below DEAD_VISIBLE_AT) and keeps its due time, which
+#: comes back when the delivery becomes its group's head.
+PARKED_OFFSET = 2**61
+
+#: ``novaque_channels.ordering``: the code stored for each ordering.
+ORDERINGS = {"standard": 0, "group_fifo": 1, "strict_fifo": 2}
 
 # Names are case-sensitive everywhere: MySQL/MariaDB get a binary collation.
 Name = sa.String(200).with_variant(
@@ -119,6 +131,12 @@ channels = sa.Table(
     sa.Column("created_at", Micros, nullable=False),
     sa.Column("dead_max_age", Micros, nullable=True),  # microseconds
     sa.Column("dead_max_count", sa.Integer, nullable=True),
+    # Settings (DESIGN §8); NULL: the client's default.
+    sa.Column("ordering", sa.SmallInteger, nullable=False, server_default="0"),  # ORDERINGS
+    sa.Column("filter_expr", sa.Text, nullable=True),  # CEL, NULL: every message
+    sa.Column("paused", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("lease", Micros, nullable=True),  # microseconds
+    sa.Column("max_attempts", sa.Integer, nullable=True),
     sa.UniqueConstraint("topic_id", "name"),
     sqlite_autoincrement=True,
     **_mysql_table,
@@ -137,6 +155,7 @@ messages = sa.Table(
     sa.Column("expires_at", Micros, nullable=False),
     sa.Column("max_attempts", sa.Integer, nullable=False),
     sa.Column("dedup_key", ExactKey(), nullable=True),
+    sa.Column("group_key", ExactKey(), nullable=True),  # publish(group=...)
     sa.UniqueConstraint("topic_id", "dedup_key"),
     sa.Index(None, "topic_id", "published_at", "id"),
     sa.Index(None, "expires_at"),
@@ -166,13 +185,36 @@ deliveries = sa.Table(
     sa.Column("last_error", sa.Text, nullable=True),
     sa.Column("dead_reason", sa.Text, nullable=True),
     sa.Column("died_at", Micros, nullable=True),
+    # The delivery's ordering key in its channel: the message's group on a
+    # group_fifo channel, "" (no group can be empty) on a strict_fifo one,
+    # NULL when it waits for no one.
+    sa.Column("group_key", ExactKey(), nullable=True),
     # claim: one index range per channel, ordered; dead and delayed rows lie
     # beyond "now" and cost nothing. Dead-letter listing reads its tail.
     sa.Index("ix_novaque_deliveries_claim", "channel_id", "visible_at", "id"),
     # backlog counts and the lease reaper, without touching the table.
     sa.Index("ix_novaque_deliveries_state", "channel_id", "state", "visible_at"),
     sa.Index(None, "message_id"),
+    # the next delivery of a group, when its head leaves.
+    sa.Index("ix_novaque_deliveries_group", "channel_id", "group_key", "id"),
     sqlite_autoincrement=True,
+    **_mysql_table,
+)
+
+#: One row per (channel, group) with live deliveries on an ordered channel:
+#: the delivery at its head, the only one of the group in the claim's range.
+#: Publishers lock the row, so two of them never both start a group.
+groups = sa.Table(
+    "novaque_groups",
+    metadata,
+    sa.Column(
+        "channel_id",
+        sa.Integer,
+        sa.ForeignKey(channels.c.id, ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("group_key", ExactKey(), primary_key=True),
+    sa.Column("head_id", BigId, nullable=False),
     **_mysql_table,
 )
 

@@ -296,6 +296,15 @@ def test_overview_shape(web: WSGIClient, client: novaque.Client) -> None:
     billing, shipping = orders["channels"]
     assert billing == {
         "name": "billing",
+        "settings": {
+            "ordering": "standard",
+            "filter": None,
+            "paused": False,
+            "lease": None,
+            "max_attempts": None,
+            "dead_max_age": None,
+            "dead_max_count": None,
+        },
         "backlog": {"pending": 0, "ready": 2, "in_flight": 0, "dead": 0},
         "today": {
             "published": 3,
@@ -322,6 +331,43 @@ def test_dashboard_renders_backlog_cells(web: WSGIClient, client: novaque.Client
     row = re.search(r'<tr data-channel="billing">.*?</tr>', text, re.S)
     assert row is not None
     assert '<td class="num s-ready" data-field="backlog.ready">1</td>' in row.group(0)
+
+
+def test_channel_settings_show_and_pause_resume_buttons(
+    web: WSGIClient, client: novaque.Client
+) -> None:
+    client.ensure_channel("orders", "billing", ordering="group_fifo", lease=90)
+    client.ensure_channel("orders", "audit")
+    page = web.get("/admin/topics/orders/channels/billing")
+    assert "<code>group_fifo</code>" in page.text
+    assert "<code>90 s</code>" in page.text
+    assert 'data-post="/admin/api/topics/orders/channels/billing/pause"' in page.text
+    detail = web.get("/admin/api/topics/orders/channels/billing").json()
+    assert detail["settings"] == {
+        "ordering": "group_fifo",
+        "filter": None,
+        "paused": False,
+        "lease": 90.0,
+        "max_attempts": None,
+        "dead_max_age": None,
+        "dead_max_count": None,
+    }
+    assert web.post("/admin/api/topics/orders/channels/billing/pause").json() == {
+        "paused": {"topic": "orders", "channel": "billing"}
+    }
+    assert client.channel_settings("orders", "billing").paused
+    page = web.get("/admin/topics/orders/channels/billing")
+    assert 'data-post="/admin/api/topics/orders/channels/billing/resume"' in page.text
+    topic_page = web.get("/admin/topics/orders").text
+    billing_row = topic_page[topic_page.index('data-channel="billing"') :]
+    assert "paused" in billing_row[: billing_row.index("</tr>")]
+    audit_row = topic_page[topic_page.index('data-channel="audit"') :]
+    assert "paused" not in audit_row[: audit_row.index("</tr>")]
+    assert web.post("/admin/api/topics/orders/channels/billing/resume").json() == {
+        "resumed": {"topic": "orders", "channel": "billing"}
+    }
+    assert not client.channel_settings("orders", "billing").paused
+    assert web.post("/admin/api/topics/orders/channels/nope/pause").status == 404
 
 
 def test_channel_page_and_api(web: WSGIClient, client: novaque.Client, clock: FakeClock) -> None:

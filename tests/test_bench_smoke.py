@@ -58,7 +58,7 @@ def check_rows(
             assert row["novaque"] > 0
             assert row["floor"] > 0
             assert row["ratio"] > 0
-        if row["workload"] in ("W2", "W4"):
+        if row["workload"] in ("W2", "W4", "W7"):
             assert row["novaque_runs"][0]["left_after"] == 0  # every message was acked
             assert row["novaque_runs"][0]["consumer"] == "subscribe"
         if row["client"] == "aio":
@@ -76,12 +76,16 @@ def check_rows(
         assert rows["W4"]["figure"].startswith("W4/W2 ")
     if "W6" in rows:
         assert rows["W6"]["figure"].startswith("W6/W1b ")
+    if "W7" in rows:
+        assert rows["W7"]["figure"].startswith("W7/W2 ")
+    if "W8" in rows:
+        assert rows["W8"]["figure"].startswith("W8/W6 ")
 
 
 def test_every_workload_on_sqlite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     status, report = bench(tmp_path, "--backend", "sqlite")
     assert status == 0
-    workloads = ["W1a", "W1b", "W2", "W3", "W4", "W5 x1", "W5 x2", "W5 x4", "W6"]
+    workloads = ["W1a", "W1b", "W2", "W3", "W4", "W5 x1", "W5 x2", "W5 x4", "W6", "W7", "W8"]
     check_rows(report, "sqlite", workloads)
     assert report["machine"]["cores"] >= 1
     assert report["runs"] == 1
@@ -127,10 +131,10 @@ def test_the_servers_without_w5(
     assert backend.server_url is not None
     monkeypatch.setenv(ENV[backend.name], backend.server_url)
     status, report = bench(
-        tmp_path, "--backend", backend.name, "--workloads", "W1a,W1b,W2,W3,W4,W6"
+        tmp_path, "--backend", backend.name, "--workloads", "W1a,W1b,W2,W3,W4,W6,W7,W8"
     )
     assert status == 0
-    check_rows(report, backend.name, ["W1a", "W1b", "W2", "W3", "W4", "W6"])
+    check_rows(report, backend.name, ["W1a", "W1b", "W2", "W3", "W4", "W6", "W7", "W8"])
 
 
 def test_a_workload_out_of_time_stops_and_says_so(

@@ -86,6 +86,25 @@ def test_url_from_environment_and_downgrade(tmp_path: Path) -> None:
     assert "run `novaque migrate`" in error
 
 
+def test_channels_show_pause_and_resume(db: Path) -> None:
+    ok(run("channels", "orders", "--create", "billing", cwd=db))
+    shown = json.loads(ok(run("channels", "orders", "--show", "billing", cwd=db)))
+    assert (shown["ordering"], shown["filter"], shown["paused"]) == ("standard", None, False)
+    assert ok(run("channels", "orders", "--pause", "billing", cwd=db)) == (
+        "paused channel orders/billing\n"
+    )
+    assert json.loads(ok(run("channels", "orders", "--show", "billing", cwd=db)))["paused"]
+    ok(run("publish", "orders", "x", cwd=db))
+    client = novaque.connect(f"sqlite:///{db / 'novaque.db'}")
+    assert client.claim("orders", "billing") == []
+    assert ok(run("channels", "orders", "--resume", "billing", cwd=db)) == (
+        "resumed channel orders/billing\n"
+    )
+    assert [m.body for m in client.claim("orders", "billing")] == [b"x"]
+    error = one_line_error(run("channels", "orders", "--pause", "nope", cwd=db))
+    assert "channel 'nope' of topic 'orders' does not exist" in error
+
+
 def test_topics_and_channels(db: Path) -> None:
     assert ok(run("topics", cwd=db)) == ""
     assert ok(run("channels", "orders", "--create", "billing", cwd=db)) == (

@@ -6,6 +6,7 @@ awaited by polling them with a deadline, never by sleeping a fixed time.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -153,6 +154,51 @@ def test_three_processes_compete_without_double_leasing(
     # With 30 s leases nothing expired: every delivery was handled exactly once.
     assert all(len(runs) == 1 for runs in by_delivery.values())
     assert len([n for n in handled_by.values() if n]) >= 2, handled_by
+
+
+def test_three_processes_keep_each_group_in_order_one_at_a_time(
+    backend: Backend, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """3 processes x 4 workers over a group FIFO channel of 200 groups x 20
+    messages: each group's messages are handled in order, one at a time."""
+    client = backend.client()
+    client.ensure_channel("t", "c", ordering="group_fifo")
+    position: dict[int, tuple[int, int]] = {}  # message id: (group, sequence)
+    for first in range(0, 200, 10):
+        # Each group's 20 messages side by side: without ordering, free
+        # workers would take several of one group at once.
+        batch = [(g, seq) for g in range(first, first + 10) for seq in range(20)]
+        ids = client.publish_many(
+            "t", [f"g{g}:{seq}" for g, seq in batch], groups=[f"g{g}" for g, _ in batch]
+        )
+        position.update(zip(ids, batch, strict=True))
+    workers += [Worker(backend, tmp_path / f"worker{i}.txt", max_in_flight=4) for i in range(3)]
+    go(workers)
+    eventually(lambda: live_deliveries(backend) == 0, "4,000 messages to be settled", 300)
+    for worker in workers:
+        worker.stop(signal.SIGTERM)
+        assert worker.proc.returncode == 0
+
+    spans: dict[tuple[str, str], dict[str, int]] = defaultdict(dict)
+    message_of: dict[tuple[str, str], int] = {}
+    busy: Counter[int] = Counter()
+    for n, worker in enumerate(workers):
+        for kind, delivery, token, message, at in worker.lines():
+            spans[(delivery, token)][kind] = int(at)
+            message_of[(delivery, token)] = int(message)
+            busy[n] += kind == "S"
+    assert all(set(span) == {"S", "E"} for span in spans.values())
+    runs: dict[int, list[tuple[int, int, int]]] = defaultdict(list)  # group: (start, end, seq)
+    for key, span in spans.items():
+        group, seq = position[message_of[key]]
+        runs[group].append((span["S"], span["E"], seq))
+    assert sorted(runs) == list(range(200))
+    for group, handled in runs.items():
+        handled.sort()
+        assert [seq for _, _, seq in handled] == list(range(20)), group
+        overlapping = [(a, b) for a, b in itertools.pairwise(handled) if a[1] > b[0]]
+        assert overlapping == [], group
+    assert len([n for n in busy.values() if n]) >= 2, busy
 
 
 def _restart_postgres() -> None:

@@ -44,8 +44,8 @@ async def _drain(
     def claim_and_ack(conn: sa.Connection) -> list[int]:
         cid = topology.existing_channel_id(conn, "t", "c")
         token = secrets.token_hex(16)
-        rows, until, _ = consume.claim(conn, dialect, now, cid, 3, LEASE_US, token)
-        msgs = consume.messages_of(rows, "t", "c", cid, token, until)
+        rows, at, _ = consume.claim(conn, dialect, now, cid, 3, LEASE_US, token)
+        msgs = consume.messages_of(rows, "t", "c", cid, token, at)
         lost, _ = consume.ack(conn, dialect, now, msgs)
         assert lost == []
         return [m.id for m in msgs]

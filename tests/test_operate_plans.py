@@ -95,6 +95,17 @@ def plan_of(client: novaque.Client, stmt: sa.Executable, params: dict[str, Any])
         return client._dialect.explain(conn, stmt, params)
 
 
+def claim_params(channel_id: int, now: int) -> dict[str, Any]:
+    """The claim statement's parameters: 10 deliveries of a channel, leased 30 s."""
+    return {
+        "p_channel": channel_id,
+        "p_now": now,
+        "p_limit": 10,
+        "p_until": now + 30_000_000,
+        "p_token": "0" * 32,
+    }
+
+
 def check(plan: str, index: str) -> None:
     assert index in plan, plan
     scans = [line for line in plan.splitlines() if FULL_SCAN.search(line.strip())]
@@ -108,13 +119,7 @@ def test_query_uses_its_index(backend: Backend, clock: FakeClock, query: str) ->
     channel_id = load(client, now)
     if query == "claim":
         stmt = client._dialect.claim_statement()
-        params: dict[str, Any] = {
-            "p_channel": channel_id,
-            "p_now": now,
-            "p_limit": 10,
-            "p_until": now + 30_000_000,
-            "p_token": "0" * 32,
-        }
+        params = claim_params(channel_id, now)
         index = "ix_novaque_deliveries_claim"
     elif query == "list_dead":
         stmt = _operate.DEAD_PAGE
@@ -138,3 +143,34 @@ def test_explain_reports_the_plan_of_a_messages_query(
     stmt = sa.select(messages.c.body).where(messages.c.id == sa.bindparam("p_id"))
     plan = plan_of(client, stmt, {"p_id": message_id})
     assert "novaque_messages" in plan or "PRIMARY" in plan or "pk_novaque_messages" in plan
+
+
+def test_group_fifo_claim_and_next_of_group_use_their_index(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """A group FIFO channel with 2,000 deliveries waiting behind 100 heads: the
+    claim still reads one range of its index (the waiting ones lie beyond every
+    claim's range), and a head's successor is found on the group index."""
+    from novaque.ops import _groups
+
+    client = backend.client(clock=clock)
+    now = to_us(clock())
+    for i in range(4):
+        client.ensure_channel("ordered", f"c{i}", ordering="group_fifo" if i % 2 else None)
+    groups = [f"g{n % 100}" for n in range(2100)]
+    client.publish_many("ordered", [b"x"] * len(groups), groups=groups)
+    analyze(client)
+    with client._executor.engine.connect() as conn:
+        channel_id = int(
+            conn.execute(sa.text("SELECT id FROM novaque_channels WHERE name = 'c1'")).scalar_one()
+        )
+    params = claim_params(channel_id, now)
+    check(plan_of(client, client._dialect.claim_statement(), params), "ix_novaque_deliveries_claim")
+    check(
+        plan_of(client, _groups._next, {"p_channel": channel_id, "p_key": "g7"}),
+        "ix_novaque_deliveries_group",
+    )
+    # The plan's statement is the one the client runs: 100 heads, one per group.
+    got = client.claim("ordered", "c1", max_messages=1000)
+    assert sorted(m.group for m in got) == sorted({*groups})
+    assert client.channel_backlog("ordered", "c1") == novaque.Backlog(ready=2000, in_flight=100)

@@ -72,15 +72,15 @@ def leased(
 ) -> list[novaque.Message]:
     cid = channel_id(conn, topic, channel)
     token = secrets.token_hex(16)
-    rows, until, _ = consume.claim(conn, dialect, now, cid, n, LEASE_US, token)
-    return consume.messages_of(rows, topic, channel, cid, token, until)
+    rows, at, _ = consume.claim(conn, dialect, now, cid, n, LEASE_US, token, False)
+    return consume.messages_of(rows, topic, channel, cid, token, at)
 
 
 def test_publish_returns_ids_and_leaves_counting_and_waking_to_its_caller(db: Any) -> None:
     engine, dialect, now = db
     with engine.begin() as conn:
-        topology.ensure_channel(conn, dialect, now, "t", "a", None, None)
-        topology.ensure_channel(conn, dialect, now, "t", "b", None, None)
+        topology.ensure_channel(conn, dialect, now, "t", "a", {})
+        topology.ensure_channel(conn, dialect, now, "t", "b", {})
         done = publish(conn, dialect, now, "t", b"1", b"2")
         a, b = channel_id(conn, "t", "a"), channel_id(conn, "t", "b")
     assert len(done.ids) == 2
@@ -100,19 +100,20 @@ def test_publish_returns_ids_and_leaves_counting_and_waking_to_its_caller(db: An
 def test_claim_ack_and_ack_and_claim(db: Any) -> None:
     engine, dialect, now = db
     with engine.begin() as conn:
-        topology.ensure_channel(conn, dialect, now, "t", "c", None, None)
+        topology.ensure_channel(conn, dialect, now, "t", "c", {})
         publish(conn, dialect, now, "t", b"1", b"2", b"3")
     with engine.begin() as conn:
         cid = channel_id(conn, "t", "c")
         token = secrets.token_hex(16)
-        rows, until, effects = consume.claim(conn, dialect, now, cid, 2, LEASE_US, token)
-    assert until == now + LEASE_US
+        rows, at, effects = consume.claim(conn, dialect, now, cid, 2, LEASE_US, token, False)
+    assert at == now
+    assert {r.until for r in rows} == {now + LEASE_US}
     assert [r.body for r in rows] == [b"1", b"2"]
     assert counts(effects) == {("claimed", cid): 2}
-    first = consume.messages_of(rows, "t", "c", cid, token, until)
+    first = consume.messages_of(rows, "t", "c", cid, token, at)
     with engine.begin() as conn:
         lost, claimed, _, effects = consume.ack_and_claim(
-            conn, dialect, now, first[:1], cid, 10, LEASE_US, secrets.token_hex(16)
+            conn, dialect, now, first[:1], cid, 10, LEASE_US, secrets.token_hex(16), False
         )
     assert lost == []
     assert [r.body for r in claimed] == [b"3"]  # the acked one gone, the leased one skipped
@@ -122,7 +123,7 @@ def test_claim_ack_and_ack_and_claim(db: Any) -> None:
     assert lost == [first[0]]  # acked already: its lease is gone
     assert counts(effects) == {("acked", cid): 1}
     with engine.begin() as conn:
-        rows, _, effects = consume.claim(conn, dialect, now, cid, 5, LEASE_US, "t" * 32)
+        rows, _, effects = consume.claim(conn, dialect, now, cid, 5, LEASE_US, "t" * 32, False)
     assert rows == []
     assert counts(effects) == {}
 
@@ -130,7 +131,7 @@ def test_claim_ack_and_ack_and_claim(db: Any) -> None:
 def test_settling_operations_are_fenced_by_the_token(db: Any) -> None:
     engine, dialect, now = db
     with engine.begin() as conn:
-        topology.ensure_channel(conn, dialect, now, "t", "c", None, None)
+        topology.ensure_channel(conn, dialect, now, "t", "c", {})
         publish(conn, dialect, now, "t", b"1", b"2")
         one, two = leased(conn, dialect, now, "t", "c")
     with engine.begin() as conn:
@@ -150,7 +151,7 @@ def test_settling_operations_are_fenced_by_the_token(db: Any) -> None:
 def test_release_gives_unstarted_deliveries_back_without_their_attempt(db: Any) -> None:
     engine, dialect, now = db
     with engine.begin() as conn:
-        topology.ensure_channel(conn, dialect, now, "t", "c", None, None)
+        topology.ensure_channel(conn, dialect, now, "t", "c", {})
         publish(conn, dialect, now, "t", b"1")
         [msg] = leased(conn, dialect, now, "t", "c")
     with engine.begin() as conn:
@@ -165,7 +166,7 @@ def test_release_gives_unstarted_deliveries_back_without_their_attempt(db: Any) 
 def test_reaper_and_purge_batches_report_and_count(db: Any) -> None:
     engine, dialect, now = db
     with engine.begin() as conn:
-        topology.ensure_channel(conn, dialect, now, "t", "c", None, None)
+        topology.ensure_channel(conn, dialect, now, "t", "c", {})
         publish(conn, dialect, now, "t", b"1", b"2", max_attempts=1)
         one, _ = leased(conn, dialect, now, "t", "c")
     later = now + LEASE_US + 1
@@ -182,8 +183,8 @@ def test_reaper_and_purge_batches_report_and_count(db: Any) -> None:
 def test_topology_operations(db: Any) -> None:
     engine, dialect, now = db
     with engine.begin() as conn:
-        topology.ensure_channel(conn, dialect, now, "t", "a", None, 7)
-        topology.ensure_channel(conn, dialect, now, "t", "a", None, None)  # keeps the bound
+        topology.ensure_channel(conn, dialect, now, "t", "a", {"dead_max_count": 7})
+        topology.ensure_channel(conn, dialect, now, "t", "a", {})  # keeps the bound
         topology.ensure_topic(conn, dialect, now, "u")
         assert topology.list_topics(conn, dialect) == ["t", "u"]
         assert topology.list_channels(conn, dialect, "t") == ["a"]

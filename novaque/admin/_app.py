@@ -205,6 +205,12 @@ class AdminApp:
         api.append(
             ("POST", _route("/topics/{topic}/channels/{channel}/delete"), self.api_delete_channel)
         )
+        api.append(
+            ("POST", _route("/topics/{topic}/channels/{channel}/pause"), self.api_pause_channel)
+        )
+        api.append(
+            ("POST", _route("/topics/{topic}/channels/{channel}/resume"), self.api_resume_channel)
+        )
         api.append(("GET", _route("/topics/{topic}/channels/{channel}/daily"), self.api_daily))
         api.append(("GET", _route("/topics/{topic}/channels/{channel}/dead"), self.api_dead))
         api.append(
@@ -364,6 +370,18 @@ class AdminApp:
         log.info("admin: ensured channel %s/%s", topic, name)
         url = call.pages.channel_url(topic, name)
         return Response.json({"topic": topic, "channel": name, "url": url}, 201)
+
+    def api_pause_channel(self, call: Call) -> Response:
+        topic, channel = call.name("topic"), call.name("channel")
+        self.client.pause_channel(topic, channel)
+        log.info("admin: paused channel %s/%s", topic, channel)
+        return Response.json({"paused": {"topic": topic, "channel": channel}})
+
+    def api_resume_channel(self, call: Call) -> Response:
+        topic, channel = call.name("topic"), call.name("channel")
+        self.client.resume_channel(topic, channel)
+        log.info("admin: resumed channel %s/%s", topic, channel)
+        return Response.json({"resumed": {"topic": topic, "channel": channel}})
 
     def api_delete_channel(self, call: Call) -> Response:
         topic, channel = call.name("topic"), call.name("channel")

@@ -152,9 +152,24 @@ def count_of(result: object) -> int | None:
     return None
 
 
+def settings(client: Client, topic: str, channel: str) -> dict[str, Any]:
+    """A channel's settings as JSON: durations in seconds, None for the defaults."""
+    got = client.channel_settings(topic, channel)
+    return {
+        "ordering": got.ordering,
+        "filter": got.filter,
+        "paused": got.paused,
+        "lease": None if got.lease is None else got.lease.total_seconds(),
+        "max_attempts": got.max_attempts,
+        "dead_max_age": None if got.dead_max_age is None else got.dead_max_age.total_seconds(),
+        "dead_max_count": got.dead_max_count,
+    }
+
+
 def channel_summary(client: Client, topic: str, channel: str, day: date) -> dict[str, Any]:
     return {
         "name": channel,
+        "settings": settings(client, topic, channel),
         "backlog": backlog(client.channel_backlog(topic, channel)),
         "today": counters(client.channel_counters(topic, channel, since=day, until=day)),
     }
@@ -185,6 +200,7 @@ def channel_detail(client: Client, topic: str, channel: str) -> dict[str, Any]:
     return {
         "topic": topic,
         "channel": channel,
+        "settings": settings(client, topic, channel),
         "day": day.isoformat(),
         "backlog": backlog(client.channel_backlog(topic, channel)),
         "today": counters(client.channel_counters(topic, channel, since=day, until=day)),

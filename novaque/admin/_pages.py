@@ -172,6 +172,18 @@ The numbers refresh every few seconds.</p>
 <th colspan="{len(TODAY)}" class="today">today</th></tr></thead>
 <tbody>{rows}</tbody></table>"""
 
+    @staticmethod
+    def _setting_tags(settings: dict[str, Any]) -> str:
+        """Tags for what sets a channel apart: paused, its ordering, a filter."""
+        tags = ""
+        if settings["paused"]:
+            tags += ' <span class="tag dead">paused</span>'
+        if settings["ordering"] != "standard":
+            tags += f' <span class="tag">{h(settings["ordering"])}</span>'
+        if settings["filter"] is not None:
+            tags += f' <span class="tag" title="{h(settings["filter"])}">filtered</span>'
+        return tags
+
     def _channel_row(self, topic: str, channel: dict[str, Any]) -> str:
         name = channel["name"]
         cells = "".join(
@@ -182,7 +194,7 @@ The numbers refresh every few seconds.</p>
             f'<td class="num today" data-field="today.{c}">{channel["today"][c]}</td>'
             for c in TODAY
         )
-        dead_link = ""
+        dead_link = self._setting_tags(channel["settings"])
         if channel["backlog"]["dead"]:
             dead_link = (
                 f' <a class="tag dead" href="{h(self.channel_url(topic, name, "/dead"))}">'
@@ -256,12 +268,36 @@ The numbers refresh every few seconds.</p>
             )
             or f'<tr><td colspan="{len(names) + 1}" class="empty">No activity yet.</td></tr>'
         )
+        settings = data["settings"]
+        switch = "resume" if settings["paused"] else "pause"
+        setting_rows = "".join(
+            f"<tr><th>{h(label)}</th><td><code>{h(value)}</code></td></tr>"
+            for label, value in (
+                ("State", "paused" if settings["paused"] else "running"),
+                ("Ordering", settings["ordering"]),
+                (
+                    "Filter",
+                    "none (every message)" if settings["filter"] is None else settings["filter"],
+                ),
+                ("Lease", _default_or(settings["lease"], " s")),
+                ("Max attempts", _default_or(settings["max_attempts"])),
+                ("Dead letters kept for", _default_or(settings["dead_max_age"], " s")),
+                ("Dead letters kept, at most", _default_or(settings["dead_max_count"])),
+            )
+        )
         body = f"""
 <div class="bar">
   <h1>Channel <code>{h(topic)}</code> / <code>{h(name)}</code></h1>
   <span class="actions">
     <a class="btn" href="{h(self.channel_url(topic, name, "/dead"))}">Dead letters
       ({data["backlog"]["dead"]})</a>
+    {
+            self.button(
+                switch.capitalize(),
+                f"/topics/{q(topic)}/channels/{q(name)}/{switch}",
+                then=self.channel_url(topic, name),
+            )
+        }
     {
             self.button(
                 "Delete channel",
@@ -273,6 +309,8 @@ The numbers refresh every few seconds.</p>
         }
   </span>
 </div>
+<section class="card"><h2>Settings</h2>
+<table class="grid"><tbody>{setting_rows}</tbody></table></section>
 <section class="card"><h2>Backlog</h2>
 <div class="stats" data-refresh-channel="{h(self.api(f"/topics/{q(topic)}/channels/{q(name)}"))}">{
             backlog
@@ -476,3 +514,7 @@ or was created after it was published.</p></section>
         body = f"""<section class="card error"><h1>{status}</h1><p>{h(message)}</p>
 <p><a href="{h(self.url("/"))}">Back to the dashboard</a></p></section>"""
         return self.layout(f"Error {status}", body, page="error")
+
+
+def _default_or(value: object, unit: str = "") -> str:
+    return "the client's default" if value is None else f"{value:g}{unit}"

@@ -1,10 +1,13 @@
-"""``novaque topics`` and ``novaque channels TOPIC``: list, create and delete."""
+"""``novaque topics`` and ``novaque channels TOPIC``: list, create, delete, show,
+pause and resume."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
+from novaque.admin._data import settings
 from novaque.cli._common import Context
 
 
@@ -23,14 +26,19 @@ def register(commands: Any) -> None:
 
     channels = commands.add_parser(
         "channels",
-        help="list the channels of a topic (or create/delete one)",
+        help="list the channels of a topic (or create/delete/show/pause/resume one)",
         description="List the channel names of TOPIC, one a line. --create/--delete change "
-        "one channel; a new channel receives messages published from then on.",
+        "one channel; a new channel receives messages published from then on. --show prints "
+        "a channel's settings as JSON; --pause stops handing out its deliveries (it still "
+        "receives them) until --resume.",
     )
     channels.add_argument("topic", metavar="TOPIC")
     change = channels.add_mutually_exclusive_group()
     change.add_argument("--create", metavar="CHANNEL", help="create CHANNEL (and TOPIC)")
     change.add_argument("--delete", metavar="CHANNEL", help="delete CHANNEL and its deliveries")
+    change.add_argument("--show", metavar="CHANNEL", help="print CHANNEL's settings (JSON)")
+    change.add_argument("--pause", metavar="CHANNEL", help="stop handing out CHANNEL's deliveries")
+    change.add_argument("--resume", metavar="CHANNEL", help="hand out CHANNEL's deliveries again")
     channels.set_defaults(run=run_channels)
 
 
@@ -56,6 +64,14 @@ def run_channels(args: argparse.Namespace, context: Context) -> int:
     elif args.delete:
         client.delete_channel(args.topic, args.delete)
         print(f"deleted channel {args.topic}/{args.delete}")
+    elif args.show:
+        print(json.dumps(settings(client, args.topic, args.show), indent=2))
+    elif args.pause:
+        client.pause_channel(args.topic, args.pause)
+        print(f"paused channel {args.topic}/{args.pause}")
+    elif args.resume:
+        client.resume_channel(args.topic, args.resume)
+        print(f"resumed channel {args.topic}/{args.resume}")
     else:
         for name in client.list_channels(args.topic):
             print(name)

@@ -29,6 +29,7 @@ from novaque.schema import (
     STATE_READY,
     channels,
     deliveries,
+    groups,
     messages,
     stats,
 )
@@ -74,15 +75,45 @@ class ClaimedRow:
     body: bytes
     headers: str | None
     published_at: int
+    #: The lease's expiry, and the channel's own lease setting (microseconds,
+    #: None when it has none) as the claim read it.
+    until: int
+    channel_lease: int | None
+    #: The message's group, and the delivery's key in its channel's ordering
+    #: (None: unordered; the group on group_fifo, "" on strict_fifo).
+    group: str | None = None
+    order_key: str | None = None
 
 
 # -- statements shared by several dialects ------------------------------------
 
-_claim_filter = sa.and_(
+#: The channel's settings, read by the claim in its own statement: a change
+#: committed elsewhere holds for the next claim (no cache to go stale).
+_channel_lease = (
+    sa.select(channels.c.lease).where(channels.c.id == sa.bindparam("p_channel")).scalar_subquery()
+)
+_channel_paused = sa.exists().where(
+    channels.c.id == sa.bindparam("p_channel"), channels.c.paused == sa.true()
+)
+#: The lease's expiry: ``p_until``, or ``p_now`` plus the channel's lease when
+#: the caller named no lease (``p_channel_lease`` = 1) and the channel has one.
+_until = sa.func.coalesce(
+    sa.case(
+        (
+            sa.bindparam("p_channel_lease", 0, type_=sa.Integer) == 1,
+            sa.bindparam("p_now", type_=sa.BigInteger) + _channel_lease,
+        )
+    ),
+    sa.bindparam("p_until", type_=sa.BigInteger),
+)
+#: Due deliveries of a channel (the claim's index range) ...
+_claim_range = sa.and_(
     d.c.channel_id == sa.bindparam("p_channel"),
     d.c.visible_at <= sa.bindparam("p_now"),
     d.c.attempts < d.c.max_attempts,
 )
+#: ... unless the channel is paused.
+_claim_filter = sa.and_(_claim_range, ~_channel_paused)
 _claim_ids = (
     sa.select(d.c.id)
     .where(_claim_filter)
@@ -92,7 +123,7 @@ _claim_ids = (
 )
 _lease_values = {
     "state": STATE_LEASED,
-    "visible_at": sa.bindparam("p_until"),
+    "visible_at": _until,
     "lease_token": sa.bindparam("p_token"),
     "attempts": d.c.attempts + 1,
 }
@@ -100,13 +131,26 @@ _claim_update_returning = (
     sa.update(d)
     .where(d.c.id.in_(_claim_ids.scalar_subquery()))
     .values(_lease_values)
-    .returning(d.c.id, d.c.message_id, d.c.attempts, d.c.max_attempts)
+    .returning(
+        d.c.id,
+        d.c.message_id,
+        d.c.attempts,
+        d.c.max_attempts,
+        d.c.visible_at,
+        _channel_lease.label("channel_lease"),
+        d.c.group_key.label("order_key"),
+    )
 )
-_message_fields = sa.select(m.c.id, m.c.body, m.c.headers, m.c.published_at).where(
+_message_fields = sa.select(m.c.id, m.c.body, m.c.headers, m.c.published_at, m.c.group_key).where(
     m.c.id.in_(sa.bindparam("p_ids", expanding=True))
 )
+#: A channel every message of its topic goes to in publish order: no filter,
+#: standard ordering. The others are "routed": the publish's own statements
+#: skip them and ``novaque.ops.publish`` writes their deliveries.
+PLAIN_CHANNEL_SQL = "{c}filter_expr IS NULL AND {c}ordering = 0"
+plain_channel = sa.and_(channels.c.filter_expr.is_(None), channels.c.ordering == 0)
 _channels_of_topic = (
-    sa.select(channels.c.id)
+    sa.select(channels.c.id, channels.c.max_attempts, plain_channel)
     .where(channels.c.topic_id == sa.bindparam("p_topic_id"))
     .order_by(channels.c.id)
 )
@@ -210,17 +254,36 @@ class Dialect:
         fields: dict[str, Any],
         bodies: list[bytes],
         visible: int,
-    ) -> tuple[list[int], dict[int, int]]:
-        """Insert messages without dedup keys and one delivery per channel of the topic.
+        *,
+        routed: bool = True,
+        groups: Sequence[str | None] | None = None,
+    ) -> tuple[list[int], dict[int, int], bool]:
+        """Insert messages without dedup keys and one delivery per plain channel.
 
         ``fields`` holds the columns every message shares (``topic_id``,
-        ``headers``, ``published_at``, ``expires_at``, ``max_attempts``).
-        Returns the message ids in the order of ``bodies`` and the number of
-        deliveries written per channel id; wakes listeners when there are any.
+        ``headers``, ``published_at``, ``expires_at``, ``max_attempts``);
+        ``groups`` one ordering key (or None) per body (default: none).
+        Returns the message ids in the order of ``bodies``, the number of
+        deliveries written per channel id, and whether the topic has routed
+        channels (with a filter or an ordering), whose deliveries the caller
+        writes in the same transaction; wakes listeners when it wrote any.
+
+        ``routed=False``: the caller expects no routed channel and may run
+        this as one statement outside a transaction; a dialect that does so
+        then writes nothing when the topic has some (returning no ids).
         """
-        ids = self.insert_messages(conn, [{**fields, "body": b, "dedup_key": None} for b in bodies])
-        counts = self.fan_out(conn, topic, fields["topic_id"], ids, visible, fields["max_attempts"])
-        return ids, counts
+        keys = groups if groups is not None else [None] * len(bodies)
+        ids = self.insert_messages(
+            conn,
+            [
+                {**fields, "body": b, "dedup_key": None, "group_key": g}
+                for b, g in zip(bodies, keys, strict=True)
+            ],
+        )
+        counts, special = self.fan_out(
+            conn, topic, fields["topic_id"], ids, visible, fields["max_attempts"]
+        )
+        return ids, counts, special
 
     def fan_out(
         self,
@@ -230,11 +293,16 @@ class Dialect:
         message_ids: list[int],
         visible: int,
         max_attempts: int,
-    ) -> dict[int, int]:
-        """One delivery per (message, channel the topic has now); the count per channel."""
-        channel_ids = [r[0] for r in conn.execute(_channels_of_topic, {"p_topic_id": topic_id})]
-        if not channel_ids:
-            return {}
+    ) -> tuple[dict[int, int], bool]:
+        """One delivery per (message, plain channel the topic has now): the count
+        per channel, and whether the topic has routed channels (see
+        :meth:`publish_plain`)."""
+        found = conn.execute(_channels_of_topic, {"p_topic_id": topic_id}).all()
+        special = any(not r[2] for r in found)
+        # A channel's max_attempts setting replaces the publish's.
+        budgets = {r[0]: max_attempts if r[1] is None else r[1] for r in found if r[2]}
+        if not budgets:
+            return {}, special
         conn.execute(
             sa.insert(d),
             [
@@ -244,14 +312,14 @@ class Dialect:
                     "state": STATE_READY,
                     "visible_at": visible,
                     "attempts": 0,
-                    "max_attempts": max_attempts,
+                    "max_attempts": budget,
                 }
                 for mid in message_ids
-                for cid in channel_ids
+                for cid, budget in budgets.items()
             ],
         )
         self.notify(conn, topic)
-        return {cid: len(message_ids) for cid in channel_ids}
+        return {cid: len(message_ids) for cid in budgets}, special
 
     def notify(self, conn: sa.Connection, topic: str) -> None:
         """Wake listening consumers of ``topic`` when the transaction commits."""
@@ -291,6 +359,24 @@ class Dialect:
         found = conn.execute(stmt, row).scalar_one_or_none()
         return None if found is None else int(found)
 
+    def lock_group(
+        self, conn: sa.Connection, channel_id: int, group_key: str, proposed: int
+    ) -> int:
+        """Lock the row of a (channel, group) of an ordered channel, creating it with
+        ``proposed`` as its head if missing; return its head delivery id.
+
+        Held to the end of the transaction: another writer of the group waits,
+        then sees what this one committed.
+        """
+        insert = self._insert(groups).values(
+            channel_id=channel_id, group_key=group_key, head_id=proposed
+        )
+        stmt = insert.on_conflict_do_update(
+            index_elements=[groups.c.channel_id, groups.c.group_key],
+            set_={"head_id": groups.c.head_id},
+        ).returning(groups.c.head_id)
+        return int(conn.execute(stmt).scalar_one())
+
     def delete_deliveries(self, conn: sa.Connection, where: sa.ColumnElement[bool]) -> list[int]:
         """Delete the deliveries matching ``where``; the channel id of each one deleted.
 
@@ -306,7 +392,9 @@ class Dialect:
     def claim_statement(self) -> sa.ClauseElement:
         """The statement that picks and leases deliveries in :meth:`claim` (for plan checks).
 
-        Parameters: ``p_channel``, ``p_now``, ``p_limit``, ``p_until``, ``p_token``.
+        Parameters: ``p_channel``, ``p_now``, ``p_limit``, ``p_until``, ``p_token``,
+        and ``p_channel_lease`` (1: the channel's lease, when it has one,
+        replaces ``p_until``; default 0).
         """
         return _claim_update_returning
 
@@ -335,25 +423,48 @@ class Dialect:
     # -- claiming -------------------------------------------------------------------
 
     def claim(
-        self, conn: sa.Connection, channel_id: int, limit: int, now: int, until: int, token: str
+        self,
+        conn: sa.Connection,
+        channel_id: int,
+        limit: int,
+        now: int,
+        until: int,
+        token: str,
+        channel_lease: bool = False,
     ) -> list[ClaimedRow]:
-        """Lease up to ``limit`` due deliveries of a channel, oldest due first."""
-        params = _claim_params(channel_id, limit, now, until, token)
+        """Lease up to ``limit`` due deliveries of a channel, oldest due first.
+
+        The lease ends at ``until``, or with ``channel_lease`` after the
+        channel's own lease if it has one. A paused channel gives nothing.
+        """
+        params = _claim_params(channel_id, limit, now, until, token, channel_lease)
         leased = conn.execute(_claim_update_returning, params).all()
-        return self._with_messages(conn, [(r[0], r[1], r[2], r[3]) for r in leased])
+        return self._with_messages(conn, [tuple(r) for r in leased])
 
     def _with_messages(
-        self, conn: sa.Connection, leased: Sequence[tuple[int, int, int, int]]
+        self, conn: sa.Connection, leased: Sequence[tuple[Any, ...]]
     ) -> list[ClaimedRow]:
+        """Rows of (delivery id, message id, attempts, max_attempts, until,
+        channel lease, order key) with their messages read."""
         if not leased:
             return []
-        ids = sorted({message_id for _, message_id, _, _ in leased})
+        ids = sorted({row[1] for row in leased})
         found = {r[0]: r for r in conn.execute(_message_fields, {"p_ids": ids})}
         rows = [
             ClaimedRow(
-                did, mid, attempts, max_attempts, bytes(found[mid][1]), found[mid][2], found[mid][3]
+                did,
+                mid,
+                attempts,
+                max_attempts,
+                bytes(found[mid][1]),
+                found[mid][2],
+                found[mid][3],
+                int(until),
+                channel_lease,
+                found[mid][4],
+                order_key,
             )
-            for did, mid, attempts, max_attempts in leased
+            for did, mid, attempts, max_attempts, until, channel_lease, order_key in leased
         ]
         rows.sort(key=lambda row: row.delivery_id)
         return rows
@@ -367,6 +478,7 @@ class Dialect:
         now: int,
         until: int,
         token: str,
+        channel_lease: bool = False,
     ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
         """:meth:`delete_leased_pairs`, then :meth:`claim`, in the caller's transaction.
 
@@ -374,7 +486,7 @@ class Dialect:
         leases one of them (not even one whose lease had expired).
         """
         done = self.delete_leased_pairs(conn, pairs)
-        return done, self.claim(conn, channel_id, limit, now, until, token)
+        return done, self.claim(conn, channel_id, limit, now, until, token, channel_lease)
 
     # -- settling -------------------------------------------------------------------
 
@@ -425,7 +537,7 @@ def _driver_sql(
 
 
 def _claim_params(
-    channel_id: int, limit: int, now: int, until: int, token: str
+    channel_id: int, limit: int, now: int, until: int, token: str, channel_lease: bool
 ) -> dict[str, object]:
     return {
         "p_channel": channel_id,
@@ -433,6 +545,7 @@ def _claim_params(
         "p_limit": limit,
         "p_until": until,
         "p_token": token,
+        "p_channel_lease": int(channel_lease),
     }
 
 

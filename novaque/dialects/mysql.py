@@ -14,7 +14,8 @@ from novaque.dialects.base import (
     ClaimedRow,
     Dialect,
     T_row,
-    _claim_filter,
+    _channel_lease,
+    _claim_range,
     _dotted,
     _driver_sql,
     _inserted_id,
@@ -22,11 +23,19 @@ from novaque.dialects.base import (
     _message_fields,
     d,
     m,
+    plain_channel,
 )
 from novaque.errors import UnsupportedDatabase
-from novaque.schema import COUNTER_COLUMNS, STATE_READY, channels, stats
+from novaque.schema import COUNTER_COLUMNS, STATE_READY, channels, groups, stats
 
 MIGRATION_LOCK_NAME = "novaque_migrate"
+
+_routed = channels.alias("routed")
+#: Whether the topic has routed channels (see Dialect.publish_plain).
+_routed_exists = sa.exists().where(
+    _routed.c.topic_id == sa.bindparam("p_topic_id"),
+    sa.not_(sa.and_(_routed.c.filter_expr.is_(None), _routed.c.ordering == 0)),
+)
 
 
 def _mysql_code(exc: DBAPIError) -> object:
@@ -42,7 +51,9 @@ class MySQLDialect(Dialect):
     # subqueries: InnoDB locks only the rows of the outer query (a locking
     # clause does not reach a nested subquery), so messages stay unlocked for
     # the consumers of the topic's other channels. Saves the round trip of a
-    # separate SELECT of the messages.
+    # separate SELECT of the messages. The channel's settings come the same
+    # way, unlocked (a locking read of the channel row would make every other
+    # consumer of the channel skip it and claim nothing).
     _lock_ids = (
         sa.select(
             d.c.id,
@@ -53,14 +64,22 @@ class MySQLDialect(Dialect):
                 sa.select(col).where(m.c.id == d.c.message_id).correlate(d).scalar_subquery()
                 for col in (m.c.body, m.c.headers, m.c.published_at)
             ),
+            _channel_lease,
+            sa.select(channels.c.paused)
+            .where(channels.c.id == sa.bindparam("p_channel"))
+            .scalar_subquery(),
+            sa.select(m.c.group_key).where(m.c.id == d.c.message_id).correlate(d).scalar_subquery(),
+            d.c.group_key,
         )
-        .where(_claim_filter)
+        .where(_claim_range)
         .order_by(d.c.visible_at, d.c.id)
         .limit(sa.bindparam("p_limit", type_=sa.Integer))
         .with_for_update(skip_locked=True)
     )
     _lease = (
-        sa.update(d).where(d.c.id.in_(sa.bindparam("p_ids", expanding=True))).values(_lease_values)
+        sa.update(d)
+        .where(d.c.id.in_(sa.bindparam("p_ids", expanding=True)))
+        .values({**_lease_values, "visible_at": sa.bindparam("p_until")})
     )
     _lock_leased = (
         sa.select(d.c.id)
@@ -155,15 +174,25 @@ class MySQLDialect(Dialect):
         return [_inserted_id(conn.execute(sa.insert(m), row)) for row in rows]
 
     def claim(
-        self, conn: sa.Connection, channel_id: int, limit: int, now: int, until: int, token: str
+        self,
+        conn: sa.Connection,
+        channel_id: int,
+        limit: int,
+        now: int,
+        until: int,
+        token: str,
+        channel_lease: bool = False,
     ) -> list[ClaimedRow]:
         # No UPDATE ... RETURNING, and no LIMIT inside IN (subquery): lock the
         # rows first (skipping others' locks), then lease exactly those.
         locked = conn.execute(
             self._lock_ids, {"p_channel": channel_id, "p_now": now, "p_limit": limit}
         ).all()
-        if not locked:
+        if not locked or locked[0][8]:  # nothing due, or the channel is paused
             return []
+        lease = locked[0][7]
+        if channel_lease and lease is not None:
+            until = now + int(lease)
         conn.execute(
             self._lease, {"p_ids": [r[0] for r in locked], "p_until": until, "p_token": token}
         )
@@ -172,16 +201,30 @@ class MySQLDialect(Dialect):
         # after it began comes with its message fields NULL. A new statement
         # has a new snapshot (READ COMMITTED) that holds them.
         late = sorted({int(r[1]) for r in locked if r[4] is None})
-        fields = {int(r[1]): (r[4], r[5], r[6]) for r in locked if r[4] is not None}
+        fields = {int(r[1]): (r[4], r[5], r[6], r[9]) for r in locked if r[4] is not None}
         if late:
             fields.update(
-                (int(r[0]), (r[1], r[2], r[3]))
+                (int(r[0]), (r[1], r[2], r[3], r[4]))
                 for r in conn.execute(_message_fields, {"p_ids": late})
             )
-        rows = [
-            ClaimedRow(r[0], r[1], r[2] + 1, r[3], bytes(fields[r[1]][0]), *fields[r[1]][1:])
-            for r in locked
-        ]
+        rows = []
+        for r in locked:
+            body, headers, published_at, group = fields[r[1]]
+            rows.append(
+                ClaimedRow(
+                    r[0],
+                    r[1],
+                    r[2] + 1,
+                    r[3],
+                    bytes(body),
+                    headers,
+                    published_at,
+                    until,
+                    lease,
+                    group,
+                    r[10],
+                )
+            )
         rows.sort(key=lambda row: row.delivery_id)
         return rows
 
@@ -197,17 +240,21 @@ class MySQLDialect(Dialect):
                 sa.literal(STATE_READY, sa.SmallInteger),
                 sa.bindparam("p_visible", type_=sa.BigInteger),
                 sa.literal(0, sa.Integer),
-                sa.bindparam("p_max_attempts", type_=sa.Integer),
+                sa.func.coalesce(
+                    channels.c.max_attempts, sa.bindparam("p_max_attempts", type_=sa.Integer)
+                ),
             )
             .join_from(m, channels, channels.c.topic_id == m.c.topic_id)
             .where(
                 channels.c.topic_id == sa.bindparam("p_topic_id"),
                 m.c.id.in_(sa.bindparam("p_ids", expanding=True)),
+                plain_channel,
             )
             .order_by(m.c.id, channels.c.id),
         )
-        .returning(d.c.channel_id)
+        .returning(d.c.channel_id, _routed_exists)
     )
+    _has_routed = sa.select(_routed_exists)
 
     def fan_out(
         self,
@@ -217,11 +264,12 @@ class MySQLDialect(Dialect):
         message_ids: list[int],
         visible: int,
         max_attempts: int,
-    ) -> dict[int, int]:
+    ) -> tuple[dict[int, int], bool]:
         if not conn.dialect.insert_returning:  # MySQL proper: no INSERT ... RETURNING
             return super().fan_out(conn, topic, topic_id, message_ids, visible, max_attempts)
         counts: dict[int, int] = {}
-        for (channel_id,) in conn.execute(
+        special = None
+        for channel_id, routed in conn.execute(
             self._fan_out_returning,
             {
                 "p_topic_id": topic_id,
@@ -231,7 +279,34 @@ class MySQLDialect(Dialect):
             },
         ):
             counts[channel_id] = counts.get(channel_id, 0) + 1
-        return counts
+            special = bool(routed)
+        if special is None:  # no plain channel said: ask
+            special = bool(conn.execute(self._has_routed, {"p_topic_id": topic_id}).scalar())
+        return counts, special
+
+    _group_head = (
+        sa.select(groups.c.head_id)
+        .where(
+            groups.c.channel_id == sa.bindparam("p_channel"),
+            groups.c.group_key == sa.bindparam("p_key"),
+        )
+        .with_for_update()
+    )
+
+    def lock_group(
+        self, conn: sa.Connection, channel_id: int, group_key: str, proposed: int
+    ) -> int:
+        # No RETURNING of an upsert: insert or lock the existing row (a no-op
+        # update locks it), then read it, ours for the rest of the transaction.
+        insert = mysql_dialect.insert(groups).values(
+            channel_id=channel_id, group_key=group_key, head_id=proposed
+        )
+        conn.execute(insert.on_duplicate_key_update(head_id=groups.c.head_id))
+        return int(
+            conn.execute(
+                self._group_head, {"p_channel": channel_id, "p_key": group_key}
+            ).scalar_one()
+        )
 
     def delete_leased(self, conn: sa.Connection, ids: Sequence[int], token: str) -> set[int]:
         if conn.dialect.delete_returning:  # MariaDB

@@ -12,6 +12,7 @@ from sqlalchemy.exc import DBAPIError
 
 from novaque.dialects.base import (
     NOTIFY_CHANNEL,
+    PLAIN_CHANNEL_SQL,
     ClaimedRow,
     Dialect,
     NotifyListener,
@@ -42,6 +43,10 @@ class PostgresDialect(Dialect):
                 m.c.body,
                 m.c.headers,
                 m.c.published_at,
+                claimed.c.visible_at,
+                claimed.c.channel_lease,
+                m.c.group_key,
+                claimed.c.order_key,
             )
             .join_from(claimed, m, m.c.id == claimed.c.message_id)
             .order_by(claimed.c.id)
@@ -80,24 +85,31 @@ class PostgresDialect(Dialect):
             USING unnest(CAST(:ids AS BIGINT[]), CAST(:tokens AS TEXT[])) AS a(id, token)
             WHERE d.id = a.id AND d.lease_token = a.token
             RETURNING d.id, d.lease_token
+        ), ch AS (
+            SELECT lease, paused FROM {channels.name} WHERE id = :p_channel
         ), claimed AS (
             UPDATE {d.name}
-            SET state = {STATE_LEASED}, visible_at = :p_until, lease_token = :p_token,
-                attempts = attempts + 1
+            SET state = {STATE_LEASED}, lease_token = :p_token, attempts = attempts + 1,
+                visible_at = COALESCE(
+                    CASE WHEN :p_channel_lease = 1 THEN :p_now + (SELECT lease FROM ch) END,
+                    :p_until)
             WHERE id IN (
                 SELECT id FROM {d.name}
                 WHERE channel_id = :p_channel AND visible_at <= :p_now
                   AND attempts < max_attempts AND id <> ALL(CAST(:ids AS BIGINT[]))
+                  AND NOT EXISTS (SELECT 1 FROM ch WHERE paused)
                 ORDER BY visible_at, id
                 LIMIT :p_limit
                 FOR UPDATE SKIP LOCKED
             )
-            RETURNING id, message_id, attempts, max_attempts
+            RETURNING id, message_id, attempts, max_attempts, visible_at, group_key
         )
-        SELECT 0, id, NULL, NULL, NULL, NULL, NULL, NULL, lease_token FROM acked
+        SELECT 0, id, NULL, NULL, NULL, NULL, NULL, NULL, lease_token, NULL, NULL, NULL, NULL
+        FROM acked
         UNION ALL
         SELECT 1, c.id, c.message_id, c.attempts, c.max_attempts, m.body, m.headers,
-               m.published_at, NULL
+               m.published_at, NULL, c.visible_at, (SELECT lease FROM ch), m.group_key,
+               c.group_key
         FROM claimed c JOIN {m.name} m ON m.id = c.message_id
         """
     )
@@ -111,9 +123,10 @@ class PostgresDialect(Dialect):
         now: int,
         until: int,
         token: str,
+        channel_lease: bool = False,
     ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
         ordered = sorted(pairs)
-        params = _claim_params(channel_id, limit, now, until, token)
+        params = _claim_params(channel_id, limit, now, until, token, channel_lease)
         params.update(ids=[p[0] for p in ordered], tokens=[p[1] for p in ordered])
         done: set[tuple[int, str]] = set()
         rows: list[ClaimedRow] = []
@@ -121,7 +134,11 @@ class PostgresDialect(Dialect):
             if r[0] == 0:
                 done.add((int(r[1]), str(r[8])))
             else:
-                rows.append(ClaimedRow(r[1], r[2], r[3], r[4], bytes(r[5]), r[6], r[7]))
+                rows.append(
+                    ClaimedRow(
+                        r[1], r[2], r[3], r[4], bytes(r[5]), r[6], r[7], r[9], r[10], r[11], r[12]
+                    )
+                )
         rows.sort(key=lambda row: row.delivery_id)
         return done, rows
 
@@ -150,23 +167,34 @@ class PostgresDialect(Dialect):
 
     # One statement does the whole publish: the messages from an array of
     # bodies (in order, so their ids ascend with it), one delivery per
-    # (message, channel the topic has when the statement starts), the count per
-    # channel for the stats, and NOTIFY when deliveries were written.
-    _publish = sa.text(
-        f"""
-        WITH msg AS (
-            INSERT INTO {m.name} (topic_id, body, headers, published_at, expires_at, max_attempts)
+    # (message, plain channel the topic has when the statement starts), the
+    # count per channel for the stats, NOTIFY when deliveries were written,
+    # and whether the topic has routed channels. Guarded, it writes
+    # nothing when it has (the caller runs outside a transaction and cannot
+    # write their deliveries in the same one: it publishes again in one).
+    _publish_sql = f"""
+        WITH routed AS (
+            SELECT EXISTS (
+                SELECT 1 FROM {channels.name}
+                WHERE topic_id = :topic_id AND NOT ({PLAIN_CHANNEL_SQL.format(c="")})
+            ) AS yes
+        ), msg AS (
+            INSERT INTO {m.name} (topic_id, body, headers, published_at, expires_at, max_attempts,
+                                  group_key)
             SELECT :topic_id, u.body, CAST(:headers AS TEXT), :published_at, :expires_at,
-                   :max_attempts
-            FROM unnest(CAST(:bodies AS BYTEA[])) WITH ORDINALITY AS u(body, n)
+                   :max_attempts, u.grp
+            FROM unnest(CAST(:bodies AS BYTEA[]), CAST(:groups AS TEXT[]))
+                 WITH ORDINALITY AS u(body, grp, n)
+            {{guard}}
             ORDER BY u.n
             RETURNING id
         ), dl AS (
             INSERT INTO {d.name} (message_id, channel_id, state, visible_at, attempts,
                                   max_attempts)
-            SELECT msg.id, c.id, {STATE_READY}, :visible, 0, :max_attempts
+            SELECT msg.id, c.id, {STATE_READY}, :visible, 0,
+                   COALESCE(c.max_attempts, :max_attempts)
             FROM msg CROSS JOIN {channels.name} c
-            WHERE c.topic_id = :topic_id
+            WHERE c.topic_id = :topic_id AND {PLAIN_CHANNEL_SQL.format(c="c.")}
             ORDER BY msg.id, c.id
             RETURNING channel_id
         ), fan AS (
@@ -176,9 +204,11 @@ class PostgresDialect(Dialect):
                ARRAY(SELECT channel_id FROM fan ORDER BY channel_id),
                ARRAY(SELECT n FROM fan ORDER BY channel_id),
                CASE WHEN EXISTS (SELECT 1 FROM dl)
-                    THEN pg_notify('{NOTIFY_CHANNEL}', :topic) END
+                    THEN pg_notify('{NOTIFY_CHANNEL}', :topic) END,
+               (SELECT yes FROM routed)
         """
-    )
+    _publish = sa.text(_publish_sql.format(guard=""))
+    _publish_guarded = sa.text(_publish_sql.format(guard="WHERE NOT (SELECT yes FROM routed)"))
 
     def publish_plain(
         self,
@@ -187,13 +217,17 @@ class PostgresDialect(Dialect):
         fields: dict[str, Any],
         bodies: list[bytes],
         visible: int,
-    ) -> tuple[list[int], dict[int, int]]:
+        *,
+        routed: bool = True,
+        groups: Sequence[str | None] | None = None,
+    ) -> tuple[list[int], dict[int, int], bool]:
+        keys = list(groups) if groups is not None else [None] * len(bodies)
         row = conn.execute(
-            self._publish, {**fields, "bodies": bodies, "visible": visible, "topic": topic}
+            self._publish if routed else self._publish_guarded,
+            {**fields, "bodies": bodies, "groups": keys, "visible": visible, "topic": topic},
         ).one()
-        return [int(i) for i in row[0]], {
-            int(c): int(n) for c, n in zip(row[1], row[2], strict=True)
-        }
+        counts = {int(c): int(n) for c, n in zip(row[1], row[2], strict=True)}
+        return [int(i) for i in row[0]], counts, bool(row[4])
 
     def open_listener(self, engine: sa.Engine, *, awaited: bool = False) -> NotifyListener | None:
         try:
@@ -203,13 +237,20 @@ class PostgresDialect(Dialect):
         return _AwaitedPostgresListener(engine) if awaited else _PostgresListener(engine)
 
     def claim(
-        self, conn: sa.Connection, channel_id: int, limit: int, now: int, until: int, token: str
+        self,
+        conn: sa.Connection,
+        channel_id: int,
+        limit: int,
+        now: int,
+        until: int,
+        token: str,
+        channel_lease: bool = False,
     ) -> list[ClaimedRow]:
         # One statement: lock (skipping rows other consumers hold), lease, and
         # return the message with each delivery.
-        params = _claim_params(channel_id, limit, now, until, token)
+        params = _claim_params(channel_id, limit, now, until, token, channel_lease)
         return [
-            ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6])
+            ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6], r[7], r[8], r[9], r[10])
             for r in conn.execute(self._claim_stmt, params)
         ]
 

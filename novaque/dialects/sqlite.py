@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -13,8 +13,10 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import DBAPIError
 
 from novaque.dialects.base import (
+    PLAIN_CHANNEL_SQL,
     ClaimedRow,
     Dialect,
+    _channel_lease,
     _claim_ids,
     _claim_params,
     _dotted,
@@ -97,6 +99,10 @@ class SQLiteDialect(Dialect):
                 sa.select(col).where(m.c.id == d.c.message_id).correlate(d).scalar_subquery()
                 for col in (m.c.body, m.c.headers, m.c.published_at)
             ),
+            d.c.visible_at,
+            _channel_lease,
+            sa.select(m.c.group_key).where(m.c.id == d.c.message_id).correlate(d).scalar_subquery(),
+            d.c.group_key,
         )
     )
 
@@ -104,32 +110,49 @@ class SQLiteDialect(Dialect):
         return self._claim_stmt
 
     def claim(
-        self, conn: sa.Connection, channel_id: int, limit: int, now: int, until: int, token: str
+        self,
+        conn: sa.Connection,
+        channel_id: int,
+        limit: int,
+        now: int,
+        until: int,
+        token: str,
+        channel_lease: bool = False,
     ) -> list[ClaimedRow]:
-        params = _claim_params(channel_id, limit, now, until, token)
+        params = _claim_params(channel_id, limit, now, until, token, channel_lease)
         rows = [
-            ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6])
+            ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6], r[7], r[8], r[9], r[10])
             for r in conn.execute(self._claim_stmt, params)
         ]
         rows.sort(key=lambda row: row.delivery_id)
         return rows
 
     _insert_messages = (
-        f"INSERT INTO {m.name} (topic_id, body, headers, published_at, expires_at, max_attempts) "
-        "VALUES (?, ?, ?, ?, ?, ?)"
+        f"INSERT INTO {m.name} (topic_id, body, headers, published_at, expires_at, max_attempts, "
+        "group_key) VALUES (?, ?, ?, ?, ?, ?, ?)"
     )
     _insert_message_returning = _insert_messages + " RETURNING id"
     _fan_out_one = (
         f"INSERT INTO {d.name} (message_id, channel_id, state, visible_at, attempts, "
-        f"max_attempts) SELECT ?, id, {STATE_READY}, ?, 0, ? FROM {channels.name} "
-        "WHERE topic_id = ? ORDER BY id RETURNING channel_id"
+        f"max_attempts) SELECT ?, id, {STATE_READY}, ?, 0, coalesce(max_attempts, ?) "
+        f"FROM {channels.name} WHERE topic_id = ? AND {PLAIN_CHANNEL_SQL.format(c='')} "
+        f"ORDER BY id RETURNING channel_id, EXISTS (SELECT 1 FROM {channels.name} "
+        f"WHERE topic_id = ? AND NOT ({PLAIN_CHANNEL_SQL.format(c='')}))"
     )
-    _channel_ids = f"SELECT id FROM {channels.name} WHERE topic_id = ? ORDER BY id"
+    _has_routed = (
+        f"SELECT EXISTS (SELECT 1 FROM {channels.name} "
+        f"WHERE topic_id = ? AND NOT ({PLAIN_CHANNEL_SQL.format(c='')}))"
+    )
+    _channel_ids = (
+        f"SELECT id, {PLAIN_CHANNEL_SQL.format(c='')} FROM {channels.name} "
+        "WHERE topic_id = ? ORDER BY id"
+    )
     _fan_out_range = (
         f"INSERT INTO {d.name} (message_id, channel_id, state, visible_at, attempts, "
-        f"max_attempts) SELECT m.id, c.id, {STATE_READY}, ?, 0, ? "
+        f"max_attempts) SELECT m.id, c.id, {STATE_READY}, ?, 0, coalesce(c.max_attempts, ?) "
         f"FROM {m.name} m JOIN {channels.name} c ON c.topic_id = m.topic_id "
-        "WHERE m.id BETWEEN ? AND ? AND m.topic_id = ? ORDER BY m.id, c.id"
+        f"WHERE m.id BETWEEN ? AND ? AND m.topic_id = ? AND {PLAIN_CHANNEL_SQL.format(c='c.')} "
+        "ORDER BY m.id, c.id"
     )
 
     def publish_plain(
@@ -139,10 +162,14 @@ class SQLiteDialect(Dialect):
         fields: dict[str, Any],
         bodies: list[bytes],
         visible: int,
-    ) -> tuple[list[int], dict[int, int]]:
+        *,
+        routed: bool = True,
+        groups: Sequence[str | None] | None = None,
+    ) -> tuple[list[int], dict[int, int], bool]:
         if conn.engine not in BEGINS_IMMEDIATE:
             # The caller's transaction: it may not hold the write lock yet.
-            return super().publish_plain(conn, topic, fields, bodies, visible)
+            return super().publish_plain(conn, topic, fields, bodies, visible, groups=groups)
+        keys = list(groups) if groups is not None else [None] * len(bodies)
         # novaque's own transaction began with BEGIN IMMEDIATE: nobody else
         # writes until it ends, so the AUTOINCREMENT ids of the rows inserted
         # by one executemany are consecutive, ending at last_insert_rowid(),
@@ -155,26 +182,34 @@ class SQLiteDialect(Dialect):
             # One message: two statements, each returning what is needed.
             message_id = int(
                 conn.exec_driver_sql(
-                    self._insert_message_returning, (topic_id, bodies[0], *common, max_attempts)
+                    self._insert_message_returning,
+                    (topic_id, bodies[0], *common, max_attempts, keys[0]),
                 ).scalar_one()
             )
             counts: dict[int, int] = {}
-            for (cid,) in conn.exec_driver_sql(
-                self._fan_out_one, (message_id, visible, max_attempts, topic_id)
+            special = None
+            for cid, routed_too in conn.exec_driver_sql(
+                self._fan_out_one, (message_id, visible, max_attempts, topic_id, topic_id)
             ):
                 counts[cid] = 1
-            return [message_id], counts
+                special = bool(routed_too)
+            if special is None:  # no plain channel said: ask
+                special = bool(conn.exec_driver_sql(self._has_routed, (topic_id,)).scalar())
+            return [message_id], counts, special
         conn.exec_driver_sql(
-            self._insert_messages, [(topic_id, b, *common, max_attempts) for b in bodies]
+            self._insert_messages,
+            [(topic_id, b, *common, max_attempts, g) for b, g in zip(bodies, keys, strict=True)],
         )
         last = int(conn.exec_driver_sql("SELECT last_insert_rowid()").scalar_one())
         first = last - len(bodies) + 1
-        channel_ids = [r[0] for r in conn.exec_driver_sql(self._channel_ids, (topic_id,))]
-        if channel_ids:
+        found = conn.exec_driver_sql(self._channel_ids, (topic_id,)).all()
+        plain = [r[0] for r in found if r[1]]
+        if plain:
             conn.exec_driver_sql(
                 self._fan_out_range, (visible, max_attempts, first, last, topic_id)
             )
-        return list(range(first, last + 1)), {cid: len(bodies) for cid in channel_ids}
+        ids = list(range(first, last + 1))
+        return ids, {cid: len(bodies) for cid in plain}, len(plain) < len(found)
 
     def explain(
         self,

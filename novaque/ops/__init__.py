@@ -25,13 +25,15 @@ class Effects:
     ``tally``: counter deltas to add to the stats buffer; ``wake``: topics whose
     local consumers to wake; ``topic_ids``: topic ids learned in the
     transaction, to cache (only once it committed); ``no_channel``: a topic a
-    message was stored for with no channel to deliver it to (worth a warning).
+    message was stored for with no channel to deliver it to (worth a warning);
+    ``warnings``: what to log at WARNING (a channel filter that failed).
     """
 
     tally: Tally = dataclasses.field(default_factory=Tally)
     wake: tuple[str, ...] = ()
     topic_ids: tuple[tuple[str, int], ...] = ()
     no_channel: str | None = None
+    warnings: tuple[str, ...] = ()
 
 
 #: What a batch operation returns: how many rows it saw (a batch that sees fewer

@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from novaque.schema import (
     COUNTER_COLUMNS,
     DEAD_VISIBLE_AT,
+    PARKED_OFFSET,
     STATE_DEAD,
     STATE_LEASED,
     STATE_READY,
@@ -59,10 +60,14 @@ _now = _p("p_now")
 _backlog_columns = (
     channels.c.id,
     channels.c.name,
-    _count(d.c.state == STATE_READY, d.c.visible_at > _now),  # pending
+    _count(
+        d.c.state == STATE_READY, d.c.visible_at > _now, d.c.visible_at < PARKED_OFFSET
+    ),  # pending
     _count(d.c.state == STATE_READY, d.c.visible_at <= _now),  # ready
     _count(d.c.state == STATE_LEASED),  # in flight
     _count(d.c.state == STATE_DEAD),  # dead
+    # waiting behind their group's head (parked): ready too
+    _count(d.c.state == STATE_READY, d.c.visible_at >= PARKED_OFFSET),
 )
 
 #: Live deliveries of one channel by state (``p_channel``, ``p_now``).
@@ -173,7 +178,15 @@ _dead_beyond = (
 # -- messages ---------------------------------------------------------------------------
 
 _message = (
-    sa.select(m.c.id, topics.c.name, m.c.body, m.c.headers, m.c.published_at, m.c.expires_at)
+    sa.select(
+        m.c.id,
+        topics.c.name,
+        m.c.body,
+        m.c.headers,
+        m.c.published_at,
+        m.c.expires_at,
+        m.c.group_key,
+    )
     .join_from(m, topics, topics.c.id == m.c.topic_id)
     .where(m.c.id == _p("p_id"))
 )
@@ -188,12 +201,14 @@ _deliveries_of = (
 # Locks the message only: replays of one message take turns (no duplicate
 # deliveries) and TTL purge or prune cannot delete it meanwhile.
 _lock_message = (
-    sa.select(m.c.topic_id, m.c.max_attempts).where(m.c.id == _p("p_id")).with_for_update()
+    sa.select(m.c.topic_id, m.c.max_attempts, m.c.headers, m.c.group_key)
+    .where(m.c.id == _p("p_id"))
+    .with_for_update()
 )
 _topic_name = sa.select(topics.c.name).where(topics.c.id == _p("p_topic_id", sa.Integer))
 _live_pairs = sa.select(d.c.message_id, d.c.channel_id).where(d.c.message_id.in_(_ids()))
 _range_chunk = (
-    sa.select(m.c.id, m.c.max_attempts, m.c.published_at)
+    sa.select(m.c.id, m.c.max_attempts, m.c.published_at, m.c.headers, m.c.group_key)
     .where(
         m.c.topic_id == _p("p_topic_id", sa.Integer),
         m.c.published_at >= _p("p_since"),

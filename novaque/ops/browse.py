@@ -3,13 +3,14 @@ replay and prune. Reads never create a topic or a channel."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from datetime import date
 from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from novaque import _validate, dialects
+from novaque import _filters, _validate, dialects
 from novaque._stats import Tally
 from novaque._time import day_of, from_us
 from novaque.errors import ChannelNotFound, MessageNotFound
@@ -21,11 +22,13 @@ from novaque.models import (
     DeliveryState,
     MessageInfo,
 )
-from novaque.ops import Batch, Effects, _sql
-from novaque.ops.maintain import count_purged, delete_dead_rows
+from novaque.ops import Batch, Effects, _groups, _sql
+from novaque.ops.maintain import delete_dead_rows, delete_deliveries_of
+from novaque.ops.publish import insert_deliveries, order_key
 from novaque.ops.topology import existing_channel_id, existing_topic_id
 from novaque.schema import (
     COUNTER_COLUMNS,
+    PARKED_OFFSET,
     STATE_DEAD,
     STATE_LEASED,
     STATE_READY,
@@ -52,6 +55,8 @@ def _state(state: int, visible_at: int, now: int) -> DeliveryState:
         return "dead"
     if state == STATE_LEASED:
         return "in_flight"
+    if visible_at >= PARKED_OFFSET:
+        return "ready"  # waiting behind its group's head
     return "pending" if visible_at > now else "ready"
 
 
@@ -113,7 +118,7 @@ def channel_backlog(
 ) -> Backlog:
     channel_id = existing_channel_id(conn, topic, channel)
     row = conn.execute(_sql.BACKLOG, {"p_channel": channel_id, "p_now": now}).one()
-    return Backlog(*(int(n) for n in row[2:]))
+    return _backlog(row)
 
 
 def topic_backlog(
@@ -121,7 +126,13 @@ def topic_backlog(
 ) -> dict[str, Backlog]:
     topic_id = existing_topic_id(conn, topic)
     rows = conn.execute(_sql._TOPIC_BACKLOG, {"p_topic_id": topic_id, "p_now": now})
-    return {row[1]: Backlog(*(int(n) for n in row[2:])) for row in rows}
+    return {row[1]: _backlog(row) for row in rows}
+
+
+def _backlog(row: Any) -> Backlog:
+    """A row of the backlog counts; parked deliveries count as ready."""
+    pending, ready, in_flight, dead, parked = (int(n) for n in row[2:])
+    return Backlog(pending, ready + parked, in_flight, dead)
 
 
 # -- dead letters -------------------------------------------------------------------------
@@ -188,6 +199,8 @@ def dead_batch(
         done = delete_dead_rows(conn, dialect, now, delivery_ids, tally)
     else:
         done = int(conn.execute(_sql._revive, {"p_ids": delivery_ids, "p_now": now}).rowcount)
+        # Ordered ones join their groups again: at the head, or parked.
+        _groups.rejoin(conn, dialect, _groups.members_of(conn, d.c.id.in_(delivery_ids)))
         conn.execute(
             _sql._extend_expiry,
             {"p_ids": sorted({int(r[1]) for r in rows}), "p_expires": now + ttl_us},
@@ -221,7 +234,7 @@ def list_messages(
     after: int,
 ) -> list[MessageInfo]:
     stmt = (
-        sa.select(m.c.id, m.c.body, m.c.headers, m.c.published_at, m.c.expires_at)
+        sa.select(m.c.id, m.c.body, m.c.headers, m.c.published_at, m.c.expires_at, m.c.group_key)
         .where(m.c.topic_id == _sql._p("p_topic_id", sa.Integer), m.c.id > _sql._p("p_after"))
         .order_by(m.c.id)
         .limit(_sql._p("p_limit", sa.Integer))
@@ -246,7 +259,8 @@ def _with_deliveries(
     topic_of: dict[int, str],
     fields: list[Any],
 ) -> list[MessageInfo]:
-    """MessageInfo for messages ``ids`` (fields: body, headers, published, expires)."""
+    """MessageInfo for messages ``ids`` (fields: body, headers, published, expires,
+    group)."""
     if not ids:
         return []
     found: dict[int, list[DeliveryInfo]] = {i: [] for i in ids}
@@ -259,7 +273,9 @@ def _with_deliveries(
                 state=_state(state, visible, now),
                 attempts=int(attempts),
                 last_error=error,
-                visible_at=None if state == STATE_DEAD else from_us(visible),
+                visible_at=None
+                if state == STATE_DEAD
+                else from_us(visible % PARKED_OFFSET if state == STATE_READY else visible),
             )
         )
     return [
@@ -271,8 +287,9 @@ def _with_deliveries(
             published_at=from_us(published),
             expires_at=from_us(expires),
             deliveries=found[i],
+            group=group,
         )
-        for i, (body, headers, published, expires) in zip(ids, fields, strict=True)
+        for i, (body, headers, published, expires, group) in zip(ids, fields, strict=True)
     ]
 
 
@@ -295,11 +312,10 @@ def replay(
     topic_id, max_attempts = int(row[0]), int(row[1])
     topic = conn.execute(_sql._topic_name, {"p_topic_id": topic_id}).scalar_one()
     channel_ids = _replay_channels(conn, topic, topic_id, names)
-    tally = Tally()
-    created = _replay_rows(
-        conn, dialect, now, tally, topic, channel_ids, [(message_id, max_attempts)], ttl_us
-    )
-    return created, Effects(tally=tally, wake=(topic,) if created else ())
+    done = _Replayed(topic)
+    wanted = [(message_id, max_attempts, row[2], row[3])]
+    _replay_rows(conn, dialect, now, channel_ids, wanted, ttl_us, done)
+    return done.created, done.effects()
 
 
 def replay_range(
@@ -315,8 +331,7 @@ def replay_range(
     """:func:`replay` every message of ``topic`` published in ``[first, last)``."""
     topic_id = existing_topic_id(conn, topic)
     channel_ids = _replay_channels(conn, topic, topic_id, names)
-    tally = Tally()
-    created = 0
+    done = _Replayed(topic)
     pub, last_id = first - 1, 0
     while True:
         rows = conn.execute(
@@ -331,28 +346,53 @@ def replay_range(
             },
         ).all()
         if rows:
-            created += _replay_rows(
-                conn,
-                dialect,
-                now,
-                tally,
-                topic,
-                channel_ids,
-                [(int(r[0]), int(r[1])) for r in rows],
-                ttl_us,
-            )
+            wanted = [(int(r[0]), int(r[1]), r[3], r[4]) for r in rows]
+            _replay_rows(conn, dialect, now, channel_ids, wanted, ttl_us, done)
             pub, last_id = int(rows[-1][2]), int(rows[-1][0])
         if len(rows) < REPLAY_CHUNK:
-            return created, Effects(tally=tally, wake=(topic,) if created else ())
+            return done.created, done.effects()
+
+
+@dataclasses.dataclass
+class _Replayed:
+    """What a replay did so far: deliveries created, counted, filters that failed."""
+
+    topic: str
+    created: int = 0
+    tally: Tally = dataclasses.field(default_factory=Tally)
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+    def effects(self) -> Effects:
+        return Effects(
+            tally=self.tally,
+            wake=(self.topic,) if self.created else (),
+            warnings=tuple(self.warnings),
+        )
+
+
+#: A channel replayed to: its id, its max_attempts setting, the filter a
+#: message must pass (None: every message; naming channels bypasses filters),
+#: and its ordering.
+ReplayChannel = tuple[int, int | None, str | None, int]
 
 
 def _replay_channels(
     conn: sa.Connection, topic: str, topic_id: int, names: list[str] | None
-) -> list[int]:
-    query = sa.select(channels.c.name, channels.c.id).where(channels.c.topic_id == topic_id)
+) -> list[ReplayChannel]:
+    """The channels to replay to, by id."""
+    query = sa.select(
+        channels.c.name,
+        channels.c.id,
+        channels.c.max_attempts,
+        channels.c.filter_expr,
+        channels.c.ordering,
+    ).where(channels.c.topic_id == topic_id)
     if names is not None:
         query = query.where(channels.c.name.in_(names))
-    found = {name: int(cid) for name, cid in conn.execute(query)}
+    found = {
+        name: (int(cid), budget, None if names is not None else expression, int(ordering))
+        for name, cid, budget, expression, ordering in conn.execute(query)
+    }
     for name in names or ():
         if name not in found:
             raise ChannelNotFound(f"channel {name!r} of topic {topic!r} does not exist")
@@ -363,40 +403,52 @@ def _replay_rows(
     conn: sa.Connection,
     dialect: dialects.Dialect,
     now: int,
-    tally: Tally,
-    topic: str,
-    channel_ids: list[int],
-    wanted: list[tuple[int, int]],
+    channel_ids: list[ReplayChannel],
+    wanted: list[tuple[int, int, str | None, str | None]],
     ttl_us: int,
-) -> int:
-    """Create the missing deliveries of messages ``wanted`` ((id, max_attempts))."""
+    done: _Replayed,
+) -> None:
+    """Create the missing deliveries of messages ``wanted`` ((id, max_attempts,
+    headers, group)) in the channels ``channel_ids`` whose filter takes them,
+    at the end of their groups on ordered channels; counted in ``done``."""
     if not channel_ids or not wanted:
-        return 0
-    ids = [mid for mid, _ in wanted]
+        return
+    topic = done.topic
+    ids = [mid for mid, _, _, _ in wanted]
     live = {(int(a), int(b)) for a, b in conn.execute(_sql._live_pairs, {"p_ids": ids})}
-    rows = [
+
+    def taken(expression: str | None, headers: str | None, group: str | None) -> bool:
+        if expression is None:
+            return True
+        verdict = _filters.matches(expression, _validate.decode_headers(headers), group, topic)
+        if isinstance(verdict, str):
+            done.warnings.append(f"replay to topic {topic}: {verdict}")
+        return verdict is True
+
+    rows: list[dict[str, Any]] = [
         {
             "message_id": mid,
             "channel_id": cid,
             "state": STATE_READY,
             "visible_at": now,
             "attempts": 0,
-            "max_attempts": attempts,
+            "max_attempts": attempts if budget is None else budget,
+            "group_key": order_key(ordering, group),
         }
-        for mid, attempts in wanted
-        for cid in channel_ids
-        if (mid, cid) not in live
+        for mid, attempts, headers, group in wanted
+        for cid, budget, expression, ordering in channel_ids
+        if (mid, cid) not in live and taken(expression, headers, group)
     ]
     if not rows:
-        return 0
+        return
     conn.execute(
         _sql._extend_expiry,
         {"p_ids": sorted({row["message_id"] for row in rows}), "p_expires": now + ttl_us},
     )
-    conn.execute(sa.insert(d), rows)
+    insert_deliveries(conn, dialect, rows)
     dialect.notify(conn, topic)
-    tally.add("published", day_of(now), Counter(row["channel_id"] for row in rows))
-    return len(rows)
+    done.tally.add("published", day_of(now), Counter(row["channel_id"] for row in rows))
+    done.created += len(rows)
 
 
 # -- prune --------------------------------------------------------------------------------
@@ -432,7 +484,6 @@ def prune_batch(
     ids = [int(r[0]) for r in conn.execute(_sql._prune_batch, params)]
     if not ids:
         return 0, 0, Effects(tally=tally)
-    purged = dialect.delete_deliveries(conn, d.c.message_id.in_(ids))
-    count_purged(purged, now, tally)
+    delete_deliveries_of(conn, dialect, now, ids, tally)
     deleted = conn.execute(sa.delete(m).where(m.c.id.in_(ids))).rowcount
     return len(ids), int(deleted), Effects(tally=tally)

@@ -16,7 +16,7 @@ from novaque import _validate, dialects
 from novaque._stats import Tally
 from novaque._time import day_of, from_us
 from novaque.models import Message
-from novaque.ops import Effects
+from novaque.ops import Effects, _groups
 from novaque.schema import (
     DEAD_VISIBLE_AT,
     STATE_DEAD,
@@ -99,12 +99,13 @@ def claim(
     limit: int,
     lease_us: int,
     token: str,
+    channel_lease: bool = False,
 ) -> tuple[list[dialects.ClaimedRow], int, Effects]:
-    """Lease up to ``limit`` due deliveries with ``token``: the rows, the lease's
-    expiry, and the claims to count."""
-    until = now + lease_us
-    rows = dialect.claim(conn, channel_id, limit, now, until, token)
-    return rows, until, _counted("claimed", now, {channel_id: len(rows)} if rows else {})
+    """Lease up to ``limit`` due deliveries with ``token`` for ``lease_us`` (with
+    ``channel_lease``, for the channel's own lease if it has one): the rows,
+    ``now``, and the claims to count."""
+    rows = dialect.claim(conn, channel_id, limit, now, now + lease_us, token, channel_lease)
+    return rows, now, _counted("claimed", now, {channel_id: len(rows)} if rows else {})
 
 
 def ack(
@@ -113,7 +114,22 @@ def ack(
     """Delete the deliveries of ``msgs`` still leased with their token: the
     messages whose lease was lost, and the acks to count."""
     done = dialect.delete_leased_pairs(conn, [(msg.delivery_id, msg.lease_token) for msg in msgs])
+    _groups.leave(conn, dialect, _members(msgs, done), gone=True)
     return _settled(msgs, done, now)
+
+
+def ordered(msgs: Sequence[Message]) -> bool:
+    """Whether settling ``msgs`` may move a group on: then more than one statement."""
+    return any(msg.order_key is not None for msg in msgs)
+
+
+def _members(msgs: Sequence[Message], done: set[tuple[int, str]]) -> list[_groups.Member]:
+    """The ordered deliveries among ``msgs`` that ``done`` settled."""
+    return [
+        (msg.channel_id, msg.order_key, msg.delivery_id)
+        for msg in msgs
+        if msg.order_key is not None and (msg.delivery_id, msg.lease_token) in done
+    ]
 
 
 def _settled(
@@ -133,16 +149,26 @@ def ack_and_claim(
     limit: int,
     lease_us: int,
     token: str,
+    channel_lease: bool = False,
 ) -> tuple[list[Message], list[dialects.ClaimedRow], int, Effects]:
     """:func:`ack` and :func:`claim` in one transaction: the acks whose lease was
-    lost, the rows claimed, the lease's expiry, and what to count."""
-    until = now + lease_us
+    lost, the rows claimed, ``now``, and what to count."""
     pairs = [(msg.delivery_id, msg.lease_token) for msg in acks]
-    done, rows = dialect.ack_and_claim(conn, pairs, channel_id, limit, now, until, token)
+    until = now + lease_us
+    if ordered(acks):
+        # The acked heads' groups move on first: their next deliveries may
+        # be claimed at once.
+        done = dialect.delete_leased_pairs(conn, pairs)
+        _groups.leave(conn, dialect, _members(acks, done), gone=True)
+        rows = dialect.claim(conn, channel_id, limit, now, until, token, channel_lease)
+    else:
+        done, rows = dialect.ack_and_claim(
+            conn, pairs, channel_id, limit, now, until, token, channel_lease
+        )
     lost, effects = _settled(acks, done, now)
     if rows:
         effects.tally.add("claimed", day_of(now), {channel_id: len(rows)})
-    return lost, rows, until, effects
+    return lost, rows, now, effects
 
 
 def messages_of(
@@ -151,10 +177,9 @@ def messages_of(
     channel: str,
     channel_id: int,
     token: str,
-    until: int,
+    now: int,
 ) -> list[Message]:
-    """The messages of claimed rows."""
-    expires = from_us(until)
+    """The messages of rows claimed at ``now``."""
     return [
         Message(
             id=row.message_id,
@@ -167,8 +192,12 @@ def messages_of(
             published_at=from_us(row.published_at),
             delivery_id=row.delivery_id,
             lease_token=token,
-            lease_expires_at=expires,
+            lease_expires_at=from_us(row.until),
             channel_id=channel_id,
+            group=row.group,
+            lease_us=row.until - now,
+            channel_lease_us=row.channel_lease,
+            order_key=row.order_key,
         )
         for row in rows
     ]
@@ -228,6 +257,9 @@ def kill(
         },
     )
     changed = bool(result.rowcount)
+    if changed and msg.order_key is not None:
+        member = (msg.channel_id, msg.order_key, msg.delivery_id)
+        _groups.leave(conn, dialect, [member], gone=True)
     return changed, _counted("dead", now, {msg.channel_id: 1} if changed else {})
 
 

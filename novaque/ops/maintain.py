@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from novaque import dialects
 from novaque._stats import Tally
 from novaque._time import day_of
-from novaque.ops import Batch, Effects, _sql
+from novaque.ops import Batch, Effects, _groups, _sql
 from novaque.schema import (
     COUNTER_COLUMNS,
     DEAD_VISIBLE_AT,
@@ -50,6 +50,17 @@ def count_purged(channel_ids: list[int], now: int, tally: Tally) -> None:
         tally.add("purged", day_of(now), Counter(channel_ids))
 
 
+def delete_deliveries_of(
+    conn: sa.Connection, dialect: dialects.Dialect, now: int, message_ids: list[int], tally: Tally
+) -> None:
+    """Delete every delivery of messages ``message_ids``, counted as purged in
+    ``tally``; the groups whose heads went move on."""
+    where = d.c.message_id.in_(message_ids)
+    members = _groups.members_of(conn, where)
+    count_purged(dialect.delete_deliveries(conn, where), now, tally)
+    _groups.leave(conn, dialect, members)
+
+
 def delete_dead_rows(
     conn: sa.Connection, dialect: dialects.Dialect, now: int, delivery_ids: list[int], tally: Tally
 ) -> int:
@@ -72,7 +83,7 @@ def reap_batch(conn: sa.Connection, dialect: dialects.Dialect, now: int, batch: 
     how many expired leases were found, how many deliveries changed, and the
     deaths to count."""
     expired = conn.execute(
-        sa.select(d.c.id, d.c.channel_id, d.c.attempts >= d.c.max_attempts)
+        sa.select(d.c.id, d.c.channel_id, d.c.attempts >= d.c.max_attempts, d.c.group_key)
         .join_from(
             channels,
             d,
@@ -86,8 +97,11 @@ def reap_batch(conn: sa.Connection, dialect: dialects.Dialect, now: int, batch: 
         .limit(batch)
     ).all()
     groups: dict[tuple[int, bool], list[int]] = {}
-    for delivery_id, channel_id, spent in expired:
+    dying: list[_groups.Member] = []
+    for delivery_id, channel_id, spent, key in expired:
         groups.setdefault((int(channel_id), bool(spent)), []).append(int(delivery_id))
+        if spent and key is not None:
+            dying.append((int(channel_id), str(key), int(delivery_id)))
     leased_expired = sa.and_(d.c.state == STATE_LEASED, d.c.visible_at <= now)
     dead: Counter[int] = Counter()
     changed = 0
@@ -109,6 +123,7 @@ def reap_batch(conn: sa.Connection, dialect: dialects.Dialect, now: int, batch: 
         changed += count
         if spent:
             dead[channel_id] += count
+    _groups.leave(conn, dialect, dying)  # dead heads: their groups move on
     tally = Tally()
     tally.add("dead", day_of(now), dead)
     return len(expired), changed, Effects(tally=tally)
@@ -136,8 +151,7 @@ def purge_batch(conn: sa.Connection, dialect: dialects.Dialect, now: int, batch:
     ]
     if not ids:
         return 0, 0, Effects(tally=tally)
-    purged = dialect.delete_deliveries(conn, d.c.message_id.in_(ids))
-    count_purged(purged, now, tally)
+    delete_deliveries_of(conn, dialect, now, ids, tally)
     conn.execute(sa.delete(messages).where(messages.c.id.in_(ids)))
     return len(ids), len(ids), Effects(tally=tally)
 

@@ -9,13 +9,21 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from novaque import dialects
+from novaque import _filters, _validate, dialects
 from novaque._stats import Tally
 from novaque._time import day_of
-from novaque.ops import Effects
+from novaque.dialects.base import plain_channel
+from novaque.ops import Effects, _groups
 from novaque.ops.maintain import stats_rows
 from novaque.ops.topology import topic_id_in
-from novaque.schema import messages
+from novaque.schema import (
+    ORDERINGS,
+    PARKED_OFFSET,
+    STATE_READY,
+    channels,
+    deliveries,
+    messages,
+)
 
 #: Largest batch of bodies sent in one INSERT. PyMySQL sends bodies escaped
 #: into the statement text (up to twice their size), and MariaDB's default
@@ -28,13 +36,22 @@ INSERT_BATCH_ROWS = 1000
 class Published:
     """What a publish wrote: the message ids in order, the deliveries per channel,
     its time, how many messages were stored (a repeated dedup key stores none)
-    and the topic's id if it was looked up (to cache once committed)."""
+    and the topic's id if it was looked up (to cache once committed).
+
+    ``routed``: the topic has routed channels (a filter, an ordering).
+    ``declined``: it has, and the publish ran as one statement outside a
+    transaction (``routed=False``): nothing was written; publish again with
+    ``routed=True`` in a transaction. ``warnings``: filters that failed.
+    """
 
     ids: list[int]
     fanout: Counter[int]
     now: int
     stored: int
     learned_topic_id: int | None
+    routed: bool = False
+    declined: bool = False
+    warnings: tuple[str, ...] = ()
 
     def effects(self, topic: str) -> Effects:
         """After the commit: count the deliveries and wake local consumers, or
@@ -45,7 +62,8 @@ class Published:
             tally=tally,
             wake=(topic,) if self.fanout else (),
             topic_ids=() if self.learned_topic_id is None else ((topic, self.learned_topic_id),),
-            no_channel=topic if not self.fanout and self.stored else None,
+            no_channel=topic if not self.fanout and self.stored and not self.routed else None,
+            warnings=self.warnings,
         )
 
 
@@ -72,9 +90,12 @@ def publish(
     ttl_us: int,
     delay_us: int,
     max_attempts: int,
+    groups: Sequence[str | None] | None = None,
+    routed: bool = True,
 ) -> Published:
     """Publish ``bodies`` to ``topic``; with ``topic_id`` None the id is read (the
-    topic created if missing) in this transaction."""
+    topic created if missing) in this transaction. ``routed=False``: see
+    :attr:`Published.declined`."""
     learned = None
     if topic_id is None:
         topic_id = learned = topic_id_in(conn, dialect, now, topic)
@@ -86,11 +107,135 @@ def publish(
             "expires_at": now + ttl_us,
             "max_attempts": max_attempts,
             "dedup_key": key,
+            "group_key": group,
         }
-        for body, key in zip(bodies, dedup_keys, strict=True)
+        for body, key, group in zip(bodies, dedup_keys, groups or [None] * len(bodies), strict=True)
     ]
-    ids, fanout, stored = _write_messages(conn, dialect, topic, topic_id, rows, now + delay_us)
-    return Published(ids, fanout, now, stored, learned)
+    written = _write_messages(conn, dialect, topic, topic_id, rows, now + delay_us, routed)
+    ids, fanout, fresh, special = written
+    if special and not ids:
+        return Published([], Counter(), now, 0, learned, routed=True, declined=True)
+    warnings: list[str] = []
+    if special and fresh:
+        group_of: dict[int, Any] = {i: row["group_key"] for i, row in zip(ids, rows, strict=True)}
+        fanout.update(
+            _fan_out_routed(
+                conn,
+                dialect,
+                topic,
+                topic_id,
+                {i: group_of.get(i) for i in fresh},
+                headers,
+                now + delay_us,
+                max_attempts,
+                warnings,
+            )
+        )
+    return Published(ids, fanout, now, len(fresh), learned, special, False, tuple(warnings))
+
+
+_routed_channels = (
+    sa.select(channels.c.id, channels.c.filter_expr, channels.c.max_attempts, channels.c.ordering)
+    .where(channels.c.topic_id == sa.bindparam("p_topic_id"), ~plain_channel)
+    .order_by(channels.c.id)
+)
+
+
+def order_key(ordering: int, group: str | None) -> str | None:
+    """A delivery's key in its channel's ordering (see novaque.ops._groups)."""
+    if ordering == ORDERINGS["strict_fifo"]:
+        return ""
+    if ordering == ORDERINGS["group_fifo"]:
+        return group
+    return None
+
+
+def _fan_out_routed(
+    conn: sa.Connection,
+    dialect: dialects.Dialect,
+    topic: str,
+    topic_id: int,
+    message_groups: dict[int, str | None],
+    headers: str | None,
+    visible: int,
+    max_attempts: int,
+    warnings: list[str],
+) -> Counter[int]:
+    """The deliveries of the routed channels (a filter, an ordering) of messages
+    ``message_groups`` (id: group): those whose filter takes the message
+    (failing closed, the error added to ``warnings``), ordered in their groups."""
+    decoded = _validate.decode_headers(headers)
+    rows: list[dict[str, Any]] = []
+    fanout: Counter[int] = Counter()
+    found = conn.execute(_routed_channels, {"p_topic_id": topic_id}).all()
+    # The messages of one publish share their headers and topic: a filter's
+    # verdict depends on the group alone, so it is evaluated once per group.
+    verdicts: dict[tuple[str, str | None], bool | str] = {}
+    for channel_id, expression, budget, ordering in found:
+        for message_id, group in message_groups.items():
+            if expression is not None:
+                verdict = verdicts.get((expression, group))
+                if verdict is None:
+                    verdict = _filters.matches(expression, decoded, group, topic)
+                    verdicts[(expression, group)] = verdict
+                    if isinstance(verdict, str):
+                        warnings.append(f"channel {channel_id} of topic {topic}: {verdict}")
+                if verdict is not True:
+                    continue
+            rows.append(
+                {
+                    "message_id": message_id,
+                    "channel_id": channel_id,
+                    "state": STATE_READY,
+                    "visible_at": visible,
+                    "attempts": 0,
+                    "max_attempts": max_attempts if budget is None else budget,
+                    "group_key": order_key(ordering, group),
+                }
+            )
+            fanout[channel_id] += 1
+    insert_deliveries(conn, dialect, rows)
+    if rows:
+        dialect.notify(conn, topic)
+    return fanout
+
+
+def insert_deliveries(
+    conn: sa.Connection, dialect: dialects.Dialect, rows: list[dict[str, Any]]
+) -> None:
+    """Insert delivery rows (with their ``group_key``): the ordered ones parked,
+    each group's first new one its head if the group has none."""
+    if not rows:
+        return
+    _groups.park(conn, rows)
+    conn.execute(sa.insert(deliveries), rows)
+    keyed: dict[int, list[int]] = {}
+    for row in rows:
+        if row["group_key"] is not None:
+            keyed.setdefault(row["channel_id"], []).append(row["message_id"])
+    members: list[_groups.Member] = []
+    for channel_id, message_ids in sorted(keyed.items()):
+        members += (
+            (channel_id, str(key), int(first))
+            for key, first in conn.execute(
+                _new_heads, {"p_channel": channel_id, "p_ids": sorted(set(message_ids))}
+            )
+        )
+    _groups.enter(conn, dialect, members)
+
+
+# The lowest new delivery of each group of a channel, among messages p_ids.
+_new_heads = (
+    sa.select(deliveries.c.group_key, sa.func.min(deliveries.c.id))
+    .where(
+        deliveries.c.channel_id == sa.bindparam("p_channel"),
+        deliveries.c.message_id.in_(sa.bindparam("p_ids", expanding=True)),
+        deliveries.c.group_key.is_not(None),
+        deliveries.c.state == STATE_READY,
+        deliveries.c.visible_at >= PARKED_OFFSET,
+    )
+    .group_by(deliveries.c.group_key)
+)
 
 
 def count_here(conn: sa.Connection, dialect: dialects.Dialect, done: Published) -> None:
@@ -110,22 +255,33 @@ def _write_messages(
     topic_id: int,
     rows: list[dict[str, Any]],
     visible: int,
-) -> tuple[list[int], Counter[int], int]:
-    """Insert messages and their deliveries: the ids in order, the deliveries per
-    channel, and how many messages were stored (a repeated dedup key stores none)."""
+    routed: bool,
+) -> tuple[list[int], Counter[int], list[int], bool]:
+    """Insert messages and their deliveries to plain channels: the ids in order,
+    the deliveries per channel, the ids of the messages stored (a repeated dedup
+    key stores none), and whether the topic has routed channels."""
     for row in rows:
         row["topic_id"] = topic_id
     if all(row["dedup_key"] is None for row in rows):
-        fields = {k: v for k, v in rows[0].items() if k not in ("body", "dedup_key")}
+        fields = {k: v for k, v in rows[0].items() if k not in ("body", "dedup_key", "group_key")}
         new_ids: list[int] = []
         counts: Counter[int] = Counter()
+        special = False
         for chunk in _chunks(list(range(len(rows))), rows):
-            chunk_ids, chunk_counts = dialect.publish_plain(
-                conn, topic, fields, [rows[i]["body"] for i in chunk], visible
+            chunk_ids, chunk_counts, special = dialect.publish_plain(
+                conn,
+                topic,
+                fields,
+                [rows[i]["body"] for i in chunk],
+                visible,
+                routed=routed,
+                groups=[rows[i]["group_key"] for i in chunk],
             )
+            if special and not chunk_ids:
+                return [], Counter(), [], True  # declined: nothing written
             new_ids += chunk_ids
             counts.update(chunk_counts)
-        return new_ids, counts, len(new_ids)
+        return new_ids, counts, new_ids, special
     ids: list[int | None] = [None] * len(rows)
     fresh: list[int] = []  # ids of the messages really inserted
     plain = [i for i, row in enumerate(rows) if row["dedup_key"] is None]
@@ -143,11 +299,13 @@ def _write_messages(
             if inserted:
                 fresh.append(ids[i])  # type: ignore[arg-type]
     fanout: Counter[int] = Counter()
+    special = False
     if fresh:
-        fanout.update(
-            dialect.fan_out(conn, topic, topic_id, fresh, visible, rows[0]["max_attempts"])
+        counts_fresh, special = dialect.fan_out(
+            conn, topic, topic_id, fresh, visible, rows[0]["max_attempts"]
         )
-    return [int(i) for i in ids if i is not None], fanout, len(fresh)
+        fanout.update(counts_fresh)
+    return [int(i) for i in ids if i is not None], fanout, fresh, special
 
 
 def _insert_deduplicated(

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
 import sqlalchemy as sa
 
 from novaque import dialects
 from novaque.errors import ChannelNotFound, TopicNotFound
-from novaque.schema import channels, deliveries, messages, stats, topics
+from novaque.models import ChannelSettings, Ordering
+from novaque.ops import Effects
+from novaque.schema import ORDERINGS, channels, deliveries, groups, messages, stats, topics
 
 d = deliveries
 
@@ -50,46 +56,94 @@ def ensure_topic(conn: sa.Connection, dialect: dialects.Dialect, now: int, topic
     topic_id_in(conn, dialect, now, topic)
 
 
+#: Each setting of ``ensure_channel`` and the column storing it.
+SETTING_COLUMNS = {
+    "ordering": "ordering",
+    "filter": "filter_expr",
+    "lease": "lease",
+    "max_attempts": "max_attempts",
+    "dead_max_age": "dead_max_age",
+    "dead_max_count": "dead_max_count",
+}
+#: What a setting returned to the client's default stores.
+SETTING_DEFAULTS: dict[str, Any] = {"ordering": ORDERINGS["standard"]}
+_ORDERING_NAMES: dict[int, Ordering] = {
+    code: name  # type: ignore[misc]
+    for name, code in ORDERINGS.items()
+}
+
+
 def ensure_channel(
     conn: sa.Connection,
     dialect: dialects.Dialect,
     now: int,
     topic: str,
     channel: str,
-    dead_max_age_us: int | None,
-    dead_max_count: int | None,
+    settings: Mapping[str, Any],
 ) -> None:
-    """Create the channel (and its topic) if missing; replace the dead-letter
-    bounds given (not None)."""
+    """Create the channel (and its topic) if missing; store ``settings`` (columns
+    and their values as stored) over the existing ones."""
     topic_id = topic_id_in(conn, dialect, now, topic)
     dialect.insert_ignore(
         conn,
         channels,
-        {
-            "topic_id": topic_id,
-            "name": channel,
-            "created_at": now,
-            "dead_max_age": dead_max_age_us,
-            "dead_max_count": dead_max_count,
-        },
+        {"topic_id": topic_id, "name": channel, "created_at": now, **settings},
     )
-    bounds = {
-        k: v
-        for k, v in (("dead_max_age", dead_max_age_us), ("dead_max_count", dead_max_count))
-        if v is not None
-    }
-    if bounds:
+    if settings:
         conn.execute(
             sa.update(channels)
             .where(channels.c.topic_id == topic_id, channels.c.name == channel)
-            .values(bounds)
+            .values(dict(settings))
         )
+
+
+_settings = sa.select(
+    channels.c.ordering,
+    channels.c.filter_expr,
+    channels.c.lease,
+    channels.c.max_attempts,
+    channels.c.dead_max_age,
+    channels.c.dead_max_count,
+    channels.c.paused,
+).where(channels.c.id == sa.bindparam("p_channel"))
+
+
+def _duration(us: int | None) -> timedelta | None:
+    return None if us is None else timedelta(microseconds=int(us))
+
+
+def channel_settings(
+    conn: sa.Connection, dialect: dialects.Dialect, topic: str, channel: str
+) -> ChannelSettings:
+    row = conn.execute(_settings, {"p_channel": existing_channel_id(conn, topic, channel)}).one()
+    return ChannelSettings(
+        ordering=_ORDERING_NAMES[int(row[0])],
+        filter=row[1],
+        lease=_duration(row[2]),
+        max_attempts=row[3],
+        dead_max_age=_duration(row[4]),
+        dead_max_count=row[5],
+        paused=bool(row[6]),
+    )
+
+
+def set_paused(
+    conn: sa.Connection, dialect: dialects.Dialect, topic: str, channel: str, paused: bool
+) -> Effects:
+    """Pause or resume a channel; resuming wakes its consumers."""
+    channel_id = existing_channel_id(conn, topic, channel)
+    conn.execute(sa.update(channels).where(channels.c.id == channel_id).values(paused=paused))
+    if paused:
+        return Effects()
+    dialect.notify(conn, topic)
+    return Effects(wake=(topic,))
 
 
 def delete_topic(conn: sa.Connection, dialect: dialects.Dialect, topic: str) -> None:
     topic_id = existing_topic_id(conn, topic)
     channel_ids = sa.select(channels.c.id).where(channels.c.topic_id == topic_id)
     conn.execute(sa.delete(stats).where(stats.c.channel_id.in_(channel_ids)))
+    conn.execute(sa.delete(groups).where(groups.c.channel_id.in_(channel_ids)))
     conn.execute(sa.delete(d).where(d.c.channel_id.in_(channel_ids)))
     conn.execute(sa.delete(messages).where(messages.c.topic_id == topic_id))
     conn.execute(sa.delete(channels).where(channels.c.topic_id == topic_id))
@@ -101,6 +155,7 @@ def delete_channel(
 ) -> None:
     channel_id = existing_channel_id(conn, topic, channel)
     conn.execute(sa.delete(stats).where(stats.c.channel_id == channel_id))
+    conn.execute(sa.delete(groups).where(groups.c.channel_id == channel_id))
     conn.execute(sa.delete(d).where(d.c.channel_id == channel_id))
     conn.execute(sa.delete(channels).where(channels.c.id == channel_id))
 

@@ -1,0 +1,195 @@
+"""Group FIFO bookkeeping (DESIGN §8): who heads each group of an ordered channel.
+
+A delivery of an ordered channel has a group key there (its message's group on
+a ``group_fifo`` channel, ``""`` on a ``strict_fifo`` one). Of the live
+deliveries of one (channel, group), only the head is in the claim's range;
+the others are *parked*: ready, with :data:`~novaque.schema.PARKED_OFFSET`
+added to their ``visible_at``, beyond every claim (the claim stays one index
+range, whatever the number of waiting deliveries or blocked groups). The head
+is recorded in ``novaque_groups``, whose row every writer of the group locks:
+
+- :func:`enter`: a delivery joins its group (publish, replay, requeue of a
+  dead letter): it becomes the head if the group has none, else it is parked;
+- :func:`leave`: deliveries left (acked, dead, deleted): where one was the
+  head, the group's lowest parked delivery is unparked and becomes the head
+  (or the group's row goes when it has none).
+
+Rows are locked in (channel id, group key) order, so writers of many groups
+never deadlock each other. Each function runs in its caller's transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from novaque import dialects
+from novaque.schema import PARKED_OFFSET, STATE_DEAD, STATE_READY, deliveries, groups
+
+d = deliveries
+
+#: A delivery of an ordered channel: (channel id, group key, delivery id).
+Member = tuple[int, str, int]
+
+_parked = sa.and_(d.c.state == STATE_READY, d.c.visible_at >= PARKED_OFFSET)
+_unpark = (
+    sa.update(d)
+    .where(d.c.id == sa.bindparam("p_id"), _parked)
+    .values(visible_at=d.c.visible_at - PARKED_OFFSET)
+)
+_park = (
+    sa.update(d)
+    .where(
+        d.c.id == sa.bindparam("p_id"),
+        d.c.state == STATE_READY,
+        d.c.visible_at < PARKED_OFFSET,
+    )
+    .values(visible_at=d.c.visible_at + PARKED_OFFSET)
+)
+_of_groups = sa.and_(
+    groups.c.channel_id == sa.bindparam("p_channel"),
+    groups.c.group_key.in_(sa.bindparam("p_keys", expanding=True)),
+)
+_heads = (
+    sa.select(groups.c.group_key, groups.c.head_id)
+    .where(_of_groups)
+    .order_by(groups.c.group_key)
+    .with_for_update()
+)
+_drop_groups = sa.delete(groups).where(_of_groups)
+# A group's next delivery: its lowest parked one, read in id order on
+# ix_novaque_deliveries_group (past the group's dead letters and its head).
+# "+ 0" keeps planners off ix_novaque_deliveries_state, whose parked range holds
+# every group of the channel.
+_g = groups.alias("g")
+_next_of_g = (
+    sa.select(d.c.id)
+    .where(
+        d.c.channel_id == _g.c.channel_id,
+        d.c.group_key == _g.c.group_key,
+        d.c.state + 0 == STATE_READY,
+        d.c.visible_at + 0 >= PARKED_OFFSET,
+    )
+    .order_by(d.c.id)
+    .limit(1)
+    .correlate(_g)
+    .scalar_subquery()
+)
+#: The next delivery of each group named (``p_channel``, ``p_keys``).
+_nexts = sa.select(_g.c.group_key, _next_of_g).where(
+    _g.c.channel_id == sa.bindparam("p_channel"),
+    _g.c.group_key.in_(sa.bindparam("p_keys", expanding=True)),
+)
+#: The same for one group, as the plan test reads it.
+_next = (
+    sa.select(d.c.id)
+    .where(
+        d.c.channel_id == sa.bindparam("p_channel"),
+        d.c.group_key == sa.bindparam("p_key"),
+        d.c.state + 0 == STATE_READY,
+        d.c.visible_at + 0 >= PARKED_OFFSET,
+    )
+    .order_by(d.c.id)
+    .limit(1)
+)
+_unpark_many = (
+    sa.update(d)
+    .where(d.c.id.in_(sa.bindparam("p_ids", expanding=True)), _parked)
+    .values(visible_at=d.c.visible_at - PARKED_OFFSET)
+)
+_live_ids = sa.select(d.c.id).where(
+    d.c.id.in_(sa.bindparam("p_ids", expanding=True)), d.c.state != STATE_DEAD
+)
+
+
+def park(conn: sa.Connection, rows: Sequence[dict[str, Any]]) -> None:
+    """Park the ordered ones of delivery rows about to be inserted (in place)."""
+    for row in rows:
+        if row.get("group_key") is not None:
+            row["visible_at"] += PARKED_OFFSET
+
+
+def enter(conn: sa.Connection, dialect: dialects.Dialect, members: Iterable[Member]) -> None:
+    """Parked deliveries join their groups: the lowest of each group becomes its
+    head (unparked) if the group has none."""
+    lowest: dict[tuple[int, str], int] = {}
+    for channel_id, key, delivery_id in members:
+        known = lowest.get((channel_id, key))
+        if known is None or delivery_id < known:
+            lowest[(channel_id, key)] = delivery_id
+    for (channel_id, key), delivery_id in sorted(lowest.items()):
+        if dialect.lock_group(conn, channel_id, key, delivery_id) == delivery_id:
+            conn.execute(_unpark, {"p_id": delivery_id})
+
+
+def rejoin(conn: sa.Connection, dialect: dialects.Dialect, members: Iterable[Member]) -> None:
+    """Ready deliveries (a requeued dead letter) join their groups: each becomes
+    its group's head if the group has none, else it is parked."""
+    for channel_id, key, delivery_id in sorted(members):
+        if dialect.lock_group(conn, channel_id, key, delivery_id) != delivery_id:
+            conn.execute(_park, {"p_id": delivery_id})
+
+
+def leave(
+    conn: sa.Connection,
+    dialect: dialects.Dialect,
+    members: Iterable[Member],
+    *,
+    gone: bool = False,
+) -> None:
+    """Deliveries that may have left (acked, dead, deleted): a group whose head
+    is gone gets its next one. Safe to call for deliveries that did not leave;
+    ``gone``: this transaction saw them leave (their ack or death changed the
+    row), so a head among them is not looked for again.
+
+    A handful of statements per channel, whatever the number of groups: lock
+    the groups' rows, read their next deliveries (a statement of its own, so it
+    sees what a publisher that held a lock meanwhile committed), then move the
+    heads, unpark them and drop the groups left empty.
+    """
+    candidates: dict[int, dict[str, set[int]]] = {}
+    for channel_id, key, delivery_id in members:
+        candidates.setdefault(channel_id, {}).setdefault(key, set()).add(delivery_id)
+    for channel_id, by_key in sorted(candidates.items()):
+        where = {"p_channel": channel_id, "p_keys": sorted(by_key)}
+        heads = {
+            str(key): int(head)
+            for key, head in conn.execute(_heads, where)
+            if int(head) in by_key[str(key)]
+        }
+        if heads and not gone:
+            live = {int(r[0]) for r in conn.execute(_live_ids, {"p_ids": sorted(heads.values())})}
+            # A head still there (its ack lost its lease, say) stays.
+            heads = {key: head for key, head in heads.items() if head not in live}
+        if not heads:
+            continue
+        where = {"p_channel": channel_id, "p_keys": sorted(heads)}
+        following = {str(key): nxt for key, nxt in conn.execute(_nexts, where)}
+        moved = {key: int(nxt) for key, nxt in following.items() if nxt is not None}
+        empty = sorted(key for key in heads if key not in moved)
+        if moved:
+            conn.execute(
+                sa.update(groups)
+                .where(
+                    groups.c.channel_id == channel_id,
+                    groups.c.group_key.in_(sorted(moved)),
+                )
+                .values(head_id=sa.case(moved, value=groups.c.group_key))
+            )
+            conn.execute(_unpark_many, {"p_ids": sorted(moved.values())})
+        if empty:
+            conn.execute(_drop_groups, {"p_channel": channel_id, "p_keys": empty})
+
+
+def members_of(conn: sa.Connection, where: sa.ColumnElement[bool]) -> list[Member]:
+    """The ordered, live deliveries matching ``where`` (before they are deleted)."""
+    return [
+        (int(r[0]), str(r[1]), int(r[2]))
+        for r in conn.execute(
+            sa.select(d.c.channel_id, d.c.group_key, d.c.id).where(
+                where, d.c.group_key.is_not(None), d.c.state != STATE_DEAD
+            )
+        )
+    ]
