@@ -397,8 +397,11 @@ def test_novaque_options_must_not_set_the_clock(tmp_path: Path) -> None:
 
 
 def test_message_fields_match_make_message() -> None:
-    """make_message offers every Message field but novaque's own channel_id."""
-    public = [f.name for f in dataclasses.fields(novaque.Message) if f.name != "channel_id"]
+    """make_message offers every Message field but novaque's own (channel id,
+    lease length, ordering key: fields left out of its repr)."""
+    public = [f.name for f in dataclasses.fields(novaque.Message) if f.repr]
+    assert "channel_id" not in public
+    assert {"id", "topic", "channel", "body", "headers", "attempts", "group"} <= set(public)
     with pytest.raises(TypeError) as raised:
         make_message(nope=1)
     assert str(raised.value).endswith("a Message has: " + ", ".join(public))
