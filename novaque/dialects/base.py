@@ -495,6 +495,23 @@ class Dialect:
         result = conn.execute(_ack_delete_returning, {"p_ids": list(ids), "p_token": token})
         return {int(r[0]) for r in result}
 
+    def delete_leased_pairs_locking_heads(
+        self, conn: sa.Connection, pairs: Sequence[tuple[int, str]]
+    ) -> tuple[set[tuple[int, str]], list[tuple[int, str, int]]] | None:
+        """:meth:`delete_leased_pairs`, also locking (in (channel, group key)
+        order) the ``novaque_groups`` rows of the ordered deliveries deleted:
+        the pairs deleted and (channel id, group key, head id) of each row
+        locked. None where the dialect has no one-statement form (the caller
+        then locks them itself)."""
+        return None
+
+    def move_heads(self, conn: sa.Connection, channel_id: int, keys: Sequence[str]) -> bool:
+        """Give each group of ``keys`` (their rows locked, their heads gone) its
+        lowest parked delivery as head, unparked, or drop the group's row if it
+        has none, in one statement; False where the dialect has no such
+        statement (the caller then runs its own)."""
+        return False
+
     def delete_leased_pairs(
         self, conn: sa.Connection, pairs: Sequence[tuple[int, str]]
     ) -> set[tuple[int, str]]:

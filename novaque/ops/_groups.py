@@ -165,22 +165,47 @@ def leave(
             heads = {key: head for key, head in heads.items() if head not in live}
         if not heads:
             continue
-        where = {"p_channel": channel_id, "p_keys": sorted(heads)}
-        following = {str(key): nxt for key, nxt in conn.execute(_nexts, where)}
-        moved = {key: int(nxt) for key, nxt in following.items() if nxt is not None}
-        empty = sorted(key for key in heads if key not in moved)
-        if moved:
-            conn.execute(
-                sa.update(groups)
-                .where(
-                    groups.c.channel_id == channel_id,
-                    groups.c.group_key.in_(sorted(moved)),
-                )
-                .values(head_id=sa.case(moved, value=groups.c.group_key))
+        _move(conn, dialect, channel_id, heads)
+
+
+def move_on(
+    conn: sa.Connection, dialect: dialects.Dialect, heads: Iterable[Member], gone: set[int]
+) -> None:
+    """Groups whose rows this transaction locked (channel id, key, head id),
+    as :meth:`~novaque.dialects.Dialect.delete_leased_pairs_locking_heads`
+    returns them: those whose head is among ``gone`` (deliveries this
+    transaction saw leave) get their next one."""
+    by_channel: dict[int, dict[str, int]] = {}
+    for channel_id, key, head in heads:
+        if head in gone:
+            by_channel.setdefault(channel_id, {})[key] = head
+    for channel_id, moving in sorted(by_channel.items()):
+        _move(conn, dialect, channel_id, moving)
+
+
+def _move(
+    conn: sa.Connection, dialect: dialects.Dialect, channel_id: int, heads: dict[str, int]
+) -> None:
+    """Groups of a channel, their rows locked and their heads gone: each gets its
+    next delivery as head (unparked), or its row goes if it has none."""
+    if dialect.move_heads(conn, channel_id, sorted(heads)):
+        return
+    where = {"p_channel": channel_id, "p_keys": sorted(heads)}
+    following = {str(key): nxt for key, nxt in conn.execute(_nexts, where)}
+    moved = {key: int(nxt) for key, nxt in following.items() if nxt is not None}
+    empty = sorted(key for key in heads if key not in moved)
+    if moved:
+        conn.execute(
+            sa.update(groups)
+            .where(
+                groups.c.channel_id == channel_id,
+                groups.c.group_key.in_(sorted(moved)),
             )
-            conn.execute(_unpark_many, {"p_ids": sorted(moved.values())})
-        if empty:
-            conn.execute(_drop_groups, {"p_channel": channel_id, "p_keys": empty})
+            .values(head_id=sa.case(moved, value=groups.c.group_key))
+        )
+        conn.execute(_unpark_many, {"p_ids": sorted(moved.values())})
+    if empty:
+        conn.execute(_drop_groups, {"p_channel": channel_id, "p_keys": empty})
 
 
 def members_of(conn: sa.Connection, where: sa.ColumnElement[bool]) -> list[Member]:

@@ -113,9 +113,32 @@ def ack(
 ) -> tuple[list[Message], Effects]:
     """Delete the deliveries of ``msgs`` still leased with their token: the
     messages whose lease was lost, and the acks to count."""
-    done = dialect.delete_leased_pairs(conn, [(msg.delivery_id, msg.lease_token) for msg in msgs])
-    _groups.leave(conn, dialect, _members(msgs, done), gone=True)
+    pairs = [(msg.delivery_id, msg.lease_token) for msg in msgs]
+    if ordered(msgs):
+        done = _delete_ordered(conn, dialect, msgs, pairs)
+    else:
+        done = dialect.delete_leased_pairs(conn, pairs)
     return _settled(msgs, done, now)
+
+
+def _delete_ordered(
+    conn: sa.Connection,
+    dialect: dialects.Dialect,
+    msgs: Sequence[Message],
+    pairs: Sequence[tuple[int, str]],
+) -> set[tuple[int, str]]:
+    """Delete the leased ``pairs`` of ``msgs`` and move on the groups whose head
+    left: the pairs deleted. Two statements where the dialect locks the
+    groups' rows in its DELETE (PostgreSQL), else the DELETE and
+    :func:`_groups.leave`."""
+    locked = dialect.delete_leased_pairs_locking_heads(conn, pairs)
+    if locked is None:
+        done = dialect.delete_leased_pairs(conn, pairs)
+        _groups.leave(conn, dialect, _members(msgs, done), gone=True)
+        return done
+    done, heads = locked
+    _groups.move_on(conn, dialect, heads, {delivery_id for delivery_id, _ in done})
+    return done
 
 
 def ordered(msgs: Sequence[Message]) -> bool:
@@ -158,8 +181,7 @@ def ack_and_claim(
     if ordered(acks):
         # The acked heads' groups move on first: their next deliveries may
         # be claimed at once.
-        done = dialect.delete_leased_pairs(conn, pairs)
-        _groups.leave(conn, dialect, _members(acks, done), gone=True)
+        done = _delete_ordered(conn, dialect, acks, pairs)
         rows = dialect.claim(conn, channel_id, limit, now, until, token, channel_lease)
     else:
         done, rows = dialect.ack_and_claim(
