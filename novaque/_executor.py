@@ -45,7 +45,7 @@ from sqlalchemy.util import await_only, greenlet_spawn
 
 from novaque._waits import running_loop
 from novaque.dialects import Dialect, NotifyListener
-from novaque.dialects.engines import session_ready, sync_sqlite_engine
+from novaque.dialects.engines import autocommit_engine, session_ready, sync_sqlite_engine
 
 T = TypeVar("T")
 
@@ -72,6 +72,8 @@ class SyncExecutor:
             with _write_locks_guard:
                 self._turn = _write_locks.setdefault(engine.url.database or "", threading.RLock())
         self._autocommit = bool(dialect.one_statement_ops)
+        #: Where one-statement work runs when a pool stays in autocommit.
+        self._autocommit_engine = autocommit_engine(engine) if self._autocommit else None
         self._begin = not session_ready(engine)
 
     def run(
@@ -109,6 +111,10 @@ class SyncExecutor:
 
     @contextlib.contextmanager
     def _transaction(self, one_statement: bool) -> Iterator[sa.Connection]:
+        if one_statement and self._autocommit_engine is not None:
+            with self._autocommit_engine.connect() as conn:
+                yield conn
+            return
         if one_statement and self._autocommit:
             # A single statement is a transaction by itself: in autocommit it
             # costs one round trip instead of three (BEGIN, statement, COMMIT),
@@ -143,7 +149,10 @@ class SyncExecutor:
         return fn()
 
     def close(self) -> None:
-        """Close what the executor opened itself (at the client's shutdown)."""
+        """Close the connections of the pools beside the engine (at the client's
+        shutdown; they open again on use)."""
+        if self._autocommit_engine is not None:
+            self._autocommit_engine.dispose()
 
 
 class AsyncExecutor(SyncExecutor):
@@ -196,6 +205,7 @@ class AsyncExecutor(SyncExecutor):
         return await asyncio.get_running_loop().run_in_executor(self._thread, call)
 
     def close(self) -> None:
+        super().close()
         if self._thread is not None:
             self._thread.shutdown(wait=False)
             self._thread = None
@@ -217,14 +227,17 @@ class AsyncExecutor(SyncExecutor):
         closed (they belong to it), and the ones opened here are closed after."""
         if running_loop() is not None:
             raise RuntimeError("an event loop is running in this thread")
-        self.engine.dispose(close=False)
+        pools = [e for e in (self.engine, self._autocommit_engine) if e is not None]
+        for pool in pools:
+            pool.dispose(close=False)
         self._detached = True  # SQLite's transactions in this thread (its pool is gone)
 
         async def run() -> T:
             try:
                 return await greenlet_spawn(fn)
             finally:
-                await greenlet_spawn(self.engine.dispose)
+                for pool in pools:
+                    await greenlet_spawn(pool.dispose)
 
         try:
             return asyncio.run(run())

@@ -454,3 +454,30 @@ def test_drain_awaits_an_async_handler_with_the_consumers_rules(backend: Backend
             drain(client, "t", "c", plain)  # type: ignore[call-overload]
 
     run(backend, body, backoff=novaque.Backoff(base=0))
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)  # psycopg's async autocommit
+def test_connect_runs_one_statement_work_on_a_pool_kept_in_autocommit(backend: Backend) -> None:
+    """psycopg's async connections switch autocommit with an awaited call: the
+    engine novaque.aio.connect builds keeps a pool in autocommit beside it for
+    publish, claim and ack, and shutdown closes its connections."""
+    from novaque.dialects.engines import autocommit_engine
+
+    client = novaque.aio.connect(async_url(backend.name, backend.url))
+    auto = autocommit_engine(client.engine.sync_engine)
+    assert auto is not None
+
+    async def main() -> None:
+        await client.ensure_channel("t", "c")
+        await client.publish("t", b"first")  # learns the topic id (a transaction)
+        assert auto.pool.checkedin() == 0
+        await client.publish("t", b"second")  # one statement: the autocommit pool
+        assert auto.pool.checkedin() == 1
+        got = await client.claim("t", "c", max_messages=5)
+        await client.ack_many(got)
+        assert [m.body for m in got] == [b"first", b"second"]
+        assert await client.channel_backlog("t", "c") == novaque.Backlog()
+        await client.shutdown()
+        assert auto.pool.checkedin() == 0
+
+    asyncio.run(main())

@@ -19,6 +19,8 @@ from novaque.errors import UnsupportedDatabase
 _PREPARED: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
 #: MySQL engines built by :func:`novaque.connect`: READ COMMITTED on every connection.
 _READ_COMMITTED: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
+#: Asyncio PostgreSQL engines built by :func:`novaque.aio.connect`: their pool in autocommit.
+_AUTOCOMMIT: weakref.WeakKeyDictionary[sa.Engine, sa.Engine] = weakref.WeakKeyDictionary()
 
 
 def sqlite_own_engine(engine: sa.Engine) -> sa.Engine:
@@ -128,6 +130,12 @@ def own_engine(engine: sa.Engine) -> sa.Engine:
     if engine.dialect.name == "sqlite" and engine not in _PREPARED:
         return sqlite_own_engine(engine)
     return engine
+
+
+def autocommit_engine(engine: sa.Engine) -> sa.Engine | None:
+    """The pool kept in autocommit for one-statement work, where :func:`create_engine`
+    made one beside ``engine`` (asyncio PostgreSQL), else None."""
+    return _AUTOCOMMIT.get(engine)
 
 
 def session_ready(engine: sa.Engine) -> bool:
@@ -281,6 +289,13 @@ def create_engine(url: str | sa.URL, pool_size: int, *, asynchronous: bool = Fal
         if backend != "postgresql":
             _READ_COMMITTED.add(engine)
             event.listen(engine, "reset", _rollback_if_open)
+        elif asynchronous:
+            # psycopg's async connections switch autocommit with an awaited
+            # call (the sync ones set a flag): one-statement work gets a pool
+            # that stays in autocommit instead of two switches each time.
+            auto = _new_engine(parsed, asynchronous=True, isolation_level="AUTOCOMMIT", **kwargs)
+            _ping_when_idle(auto)
+            _AUTOCOMMIT[engine] = auto
     else:
         raise UnsupportedDatabase(
             f"novaque does not support {backend!r} URLs; use postgresql+psycopg://, "
