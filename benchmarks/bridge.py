@@ -38,14 +38,16 @@ from benchmarks._common import body
 from benchmarks._databases import BACKENDS, Database
 from novaque import schema
 
-ASYNC_DRIVERS = {
-    "sqlite": "sqlite+aiosqlite",
-    "postgres": "postgresql+psycopg",
-    "mysql": "mysql+asyncmy",
-}
 TOPIC, CHANNEL = "bridge", "c"
 
 Step = Callable[[int], Awaitable[None]]
+
+
+def _asyncio_url(db: Database) -> sa.URL:
+    """The database's URL with no driver named: novaque.aio.connect then picks
+    its asyncio driver (psycopg, asyncmy, aiosqlite), as the bench's aio side does."""
+    url = sa.make_url(db.url)
+    return url.set(drivername=url.get_backend_name())
 
 
 def _core_rows(topic_id: int, channel_id: int, i: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -70,7 +72,7 @@ def _core_rows(topic_id: int, channel_id: int, i: int) -> tuple[dict[str, Any], 
 async def _ways(db: Database, engines: list[Any]) -> dict[str, tuple[Step, Step]]:
     """Each way's (publish one, claim-and-ack one) step."""
     sync_client = novaque.connect(db.url)
-    aio_client = novaque.aio.connect(sa.make_url(db.url).set(drivername=ASYNC_DRIVERS[db.backend]))
+    aio_client = novaque.aio.connect(_asyncio_url(db))
     engines += [sync_client, aio_client]
     sync_client.ensure_channel(TOPIC, CHANNEL)
     await aio_client.publish(TOPIC, b"warm")  # schema check, topic id cached
@@ -108,9 +110,7 @@ async def _ways(db: Database, engines: list[Any]) -> dict[str, tuple[Step, Step]
             sa.select(schema.channels.c.id).where(schema.channels.c.topic_id == topic_id)
         ).scalar_one()
     core_sync = sa.create_engine(db.url)
-    core_async: AsyncEngine = create_async_engine(
-        sa.make_url(db.url).set(drivername=ASYNC_DRIVERS[db.backend])
-    )
+    core_async: AsyncEngine = create_async_engine(aio_client.engine.url)  # the same driver
     engines += [core_sync, core_async]
     insert_message = sa.insert(schema.messages)
     insert_delivery = sa.insert(schema.deliveries)

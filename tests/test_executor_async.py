@@ -21,18 +21,13 @@ from novaque import dialects
 from novaque._executor import AsyncExecutor
 from novaque.dialects.engines import configure_sqlite
 from novaque.ops import consume, topology
+from tests._twin import async_url
 from tests.conftest import Backend
 from tests.test_ops_contract import LEASE_US
 
-ASYNC_DRIVERS = {
-    "sqlite": "sqlite+aiosqlite",
-    "postgres": "postgresql+psycopg",
-    "mysql": "mysql+asyncmy",
-}
-
 
 def _async_url(backend: Backend) -> sa.URL:
-    return sa.make_url(backend.url).set(drivername=ASYNC_DRIVERS[backend.name])
+    return async_url(backend.name, backend.url)
 
 
 async def _drain(
