@@ -18,6 +18,8 @@ from novaque.client import Client, connect
 from novaque.consumer import Consumer
 from novaque.errors import (
     ChannelNotFound,
+    DedupConflict,
+    Defer,
     InvalidFilter,
     InvalidName,
     InvalidOption,
@@ -27,6 +29,7 @@ from novaque.errors import (
     NovaqueError,
     Reject,
     SchemaOutOfDate,
+    Snooze,
     TopicNotFound,
     UnsupportedDatabase,
 )
@@ -52,6 +55,8 @@ __all__ = [
     "Consumer",
     "Counters",
     "DeadLetter",
+    "DedupConflict",
+    "Defer",
     "DeliveryInfo",
     "InvalidFilter",
     "InvalidName",
@@ -65,6 +70,7 @@ __all__ = [
     "Options",
     "Reject",
     "SchemaOutOfDate",
+    "Snooze",
     "TopicNotFound",
     "UnsupportedDatabase",
     "__version__",

@@ -528,6 +528,8 @@ class CoreClient:
         max_attempts: int | None = None,
         dead_max_age: Duration | None = None,
         dead_max_count: int | None = None,
+        dead_max_bytes: int | None = None,
+        dead_letter_expired: bool | None = None,
         reset: Iterable[str] = (),
     ) -> None:
         """Create ``channel`` on ``topic`` (and the topic) if missing, with settings.
@@ -546,7 +548,11 @@ class CoreClient:
         - ``lease``: of claims and consumers on the channel that name none;
         - ``max_attempts``: the budget of every delivery created in the channel
           from then on, whatever the publish said;
-        - ``dead_max_age``, ``dead_max_count``: bounds of its dead letters.
+        - ``dead_max_age``, ``dead_max_count``, ``dead_max_bytes`` (total body
+          bytes): bounds of its dead letters, the oldest died going first;
+        - ``dead_letter_expired``: whether a delivery still live when its
+          message's TTL passes becomes a dead letter (reason ``"expired"``)
+          instead of being purged.
 
         Settings committed here hold for every claim and publish that starts
         afterwards, in every process.
@@ -561,6 +567,8 @@ class CoreClient:
             max_attempts=max_attempts,
             dead_max_age=dead_max_age,
             dead_max_count=dead_max_count,
+            dead_max_bytes=dead_max_bytes,
+            dead_letter_expired=dead_letter_expired,
         )
         self._run_timed("", topology.ensure_channel, topic, channel, settings)
 

@@ -14,6 +14,7 @@ from novaque._waits import THREADS, Waits
 from novaque.errors import InvalidName, InvalidOption, MessageTooLarge
 from novaque.options import (
     MAX_ATTEMPTS,
+    MAX_BIGINT,
     MAX_DELAY_S,
     MAX_INT32,
     MAX_TTL_S,
@@ -319,6 +320,8 @@ CHANNEL_SETTINGS = (
     "max_attempts",
     "dead_max_age",
     "dead_max_count",
+    "dead_max_bytes",
+    "dead_letter_expired",
 )
 
 
@@ -358,4 +361,15 @@ def channel_settings(reset: object, **given: Any) -> dict[str, Any]:
         stored["dead_max_age"] = dead_max_age_us(given["dead_max_age"])
     if given.get("dead_max_count") is not None:
         stored["dead_max_count"] = dead_max_count(given["dead_max_count"])
+    if given.get("dead_max_bytes") is not None:
+        stored["dead_max_bytes"] = check_int(
+            given["dead_max_bytes"], "dead_max_bytes", 0, MAX_BIGINT
+        )
+    expired = given.get("dead_letter_expired")
+    if expired is not None:
+        if not isinstance(expired, bool):
+            raise TypeError(
+                f"dead_letter_expired must be True or False, got {type(expired).__name__}"
+            )
+        stored["dead_letter_expired"] = expired
     return stored

@@ -9,8 +9,12 @@ translated here pass through unchanged, as SQLAlchemy's ``DBAPIError``.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 __all__ = [
     "ChannelNotFound",
+    "DedupConflict",
+    "Defer",
     "InvalidFilter",
     "InvalidName",
     "InvalidOption",
@@ -20,6 +24,7 @@ __all__ = [
     "NovaqueError",
     "Reject",
     "SchemaOutOfDate",
+    "Snooze",
     "TopicNotFound",
     "UnsupportedDatabase",
 ]
@@ -64,6 +69,22 @@ class MessageNotFound(NovaqueError, LookupError):
     """No message has the given id (never published, or purged by TTL/prune)."""
 
 
+class DedupConflict(NovaqueError, ValueError):
+    """A ``dedup_key`` is held by a live message of the topic with a different
+    body, headers or group; nothing was written (by the whole ``publish_many``).
+
+    ``key`` is the dedup key, ``message_id`` the id of the message holding it.
+    """
+
+    def __init__(self, key: str, message_id: int) -> None:
+        super().__init__(
+            f"dedup_key {key!r} is held by message {message_id} with a different body, "
+            "headers or group: publish it under another key, or the same content"
+        )
+        self.key = key
+        self.message_id = message_id
+
+
 class LeaseLost(NovaqueError):
     """The lease token is no longer current.
 
@@ -91,3 +112,22 @@ class Reject(Exception):
     def __init__(self, reason: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class Defer(Exception):
+    """Raise from a handler to set the message aside: its delivery becomes
+    ``"deferred"``, is never claimed again, and is fetched by id with
+    ``claim_deferred`` (as ``Client.defer`` does). Like :class:`Reject`, a
+    signal from your code, not an error of the library.
+    """
+
+
+class Snooze(Exception):
+    """Raise from a handler to put the message back for ``delay`` (a
+    ``timedelta`` or seconds) without spending its attempt (as
+    ``Client.snooze`` does). A signal, like :class:`Reject`.
+    """
+
+    def __init__(self, delay: float | timedelta) -> None:
+        super().__init__(delay)
+        self.delay = delay

@@ -17,7 +17,7 @@ __all__ = [
     "MessageInfo",
 ]
 
-DeliveryState = Literal["pending", "ready", "in_flight", "dead"]
+DeliveryState = Literal["pending", "ready", "in_flight", "deferred", "dead"]
 Ordering = Literal["standard", "group_fifo", "strict_fifo"]
 
 
@@ -81,27 +81,36 @@ class Backlog:
     """Live deliveries of a channel by state.
 
     ``pending``: not yet due (delay or backoff); ``ready``: due and not leased;
-    ``in_flight``: leased (an expired lease not yet reaped included); ``dead``.
-    Backlogs add up with ``+`` (e.g. over the channels of a topic).
+    ``in_flight``: leased (an expired lease not yet reaped included);
+    ``deferred``: set aside by ``defer``, fetched by ``claim_deferred``;
+    ``dead``. ``oldest_ready_at``: the earliest due time among the ready ones
+    (aware UTC; None when none is ready), how long the oldest has waited.
+    Backlogs add up with ``+`` (e.g. over the channels of a topic), keeping
+    the earliest ``oldest_ready_at``; ``==`` compares the counts.
     """
 
     pending: int = 0
     ready: int = 0
     in_flight: int = 0
     dead: int = 0
+    deferred: int = 0
+    oldest_ready_at: datetime | None = field(default=None, compare=False)
 
     def __add__(self, other: Backlog) -> Backlog:
+        oldest = [t for t in (self.oldest_ready_at, other.oldest_ready_at) if t is not None]
         return Backlog(
             self.pending + other.pending,
             self.ready + other.ready,
             self.in_flight + other.in_flight,
             self.dead + other.dead,
+            self.deferred + other.deferred,
+            min(oldest) if oldest else None,
         )
 
     @property
     def total(self) -> int:
         """Every live delivery, whatever its state."""
-        return self.pending + self.ready + self.in_flight + self.dead
+        return self.pending + self.ready + self.in_flight + self.deferred + self.dead
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,4 +169,6 @@ class ChannelSettings:
     max_attempts: int | None
     dead_max_age: timedelta | None
     dead_max_count: int | None
+    dead_max_bytes: int | None
+    dead_letter_expired: bool | None
     paused: bool

@@ -26,6 +26,8 @@ MAX_TTL_S = 3650 * 86_400.0
 MAX_ATTEMPTS = 1_000_000
 #: Largest value of a 32-bit INTEGER column (``dead_max_count``).
 MAX_INT32 = 2**31 - 1
+#: Largest value of a 64-bit BIGINT column (``dead_max_bytes``).
+MAX_BIGINT = 2**63 - 1
 #: Largest maintenance batch: its ids go into one statement, and SQLite takes
 #: at most 32,766 bound parameters.
 MAX_BATCH = 10_000
@@ -108,6 +110,8 @@ class Options:
     clock: Callable[[], datetime] | None = None
     dead_max_age: Duration | None = None
     dead_max_count: int | None = None
+    dead_max_bytes: int | None = None
+    dead_letter_expired: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -132,6 +136,13 @@ class Options:
             check_int(getattr(self, name), f"Options.{name}", low, high)
         if self.dead_max_count is not None:
             check_int(self.dead_max_count, "Options.dead_max_count", 0, MAX_INT32)
+        if self.dead_max_bytes is not None:
+            check_int(self.dead_max_bytes, "Options.dead_max_bytes", 0, MAX_BIGINT)
+        if not isinstance(self.dead_letter_expired, bool):
+            raise InvalidOption(
+                "Options.dead_letter_expired must be True or False, got "
+                f"{type(self.dead_letter_expired).__name__}"
+            )
         if not isinstance(self.backoff, Backoff):
             raise InvalidOption(
                 f"Options.backoff must be a novaque.Backoff, got {type(self.backoff).__name__}"

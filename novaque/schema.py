@@ -22,9 +22,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEAD_VISIBLE_AT",
+    "DEFERRED_VISIBLE_AT",
     "ORDERINGS",
     "PARKED_OFFSET",
     "STATE_DEAD",
+    "STATE_DEFERRED",
     "STATE_LEASED",
     "STATE_READY",
     "channels",
@@ -52,11 +54,16 @@ metadata = sa.MetaData(
 STATE_READY = 0  # waiting; "pending" while visible_at is in the future
 STATE_LEASED = 1  # claimed; visible_at is the lease expiry
 STATE_DEAD = 2  # dead letter; visible_at is DEAD_VISIBLE_AT
+STATE_DEFERRED = 3  # set aside by defer(); visible_at is DEFERRED_VISIBLE_AT
 
 #: ``visible_at`` of every dead delivery: far beyond any real time, so dead
 #: rows sit at the end of the claim index, outside every claim's range, and in
 #: delivery-id order for dead-letter listing.
 DEAD_VISIBLE_AT = 2**62
+
+#: ``visible_at`` of every deferred delivery: beyond every claim's range, just
+#: before the dead letters' tail of the claim index.
+DEFERRED_VISIBLE_AT = DEAD_VISIBLE_AT - 1
 
 #: Added to the ``visible_at`` of a ready delivery of an ordered channel that
 #: waits behind its group's head ("parked"): it leaves every claim's range
@@ -137,6 +144,9 @@ channels = sa.Table(
     sa.Column("paused", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("lease", Micros, nullable=True),  # microseconds
     sa.Column("max_attempts", sa.Integer, nullable=True),
+    # Settings (DESIGN §9); NULL: the client's default.
+    sa.Column("dead_max_bytes", sa.BigInteger, nullable=True),
+    sa.Column("dead_letter_expired", sa.Boolean, nullable=True),
     sa.UniqueConstraint("topic_id", "name"),
     sqlite_autoincrement=True,
     **_mysql_table,
@@ -177,7 +187,8 @@ deliveries = sa.Table(
         "channel_id", sa.Integer, sa.ForeignKey(channels.c.id, ondelete="CASCADE"), nullable=False
     ),
     sa.Column("state", sa.SmallInteger, nullable=False),
-    # ready: when due; leased: lease expiry; dead: DEAD_VISIBLE_AT
+    # ready: when due; leased: lease expiry; dead: DEAD_VISIBLE_AT;
+    # deferred: DEFERRED_VISIBLE_AT
     sa.Column("visible_at", Micros, nullable=False),
     sa.Column("attempts", sa.Integer, nullable=False),
     sa.Column("max_attempts", sa.Integer, nullable=False),
@@ -189,6 +200,8 @@ deliveries = sa.Table(
     # group_fifo channel, "" (no group can be empty) on a strict_fifo one,
     # NULL when it waits for no one.
     sa.Column("group_key", ExactKey(), nullable=True),
+    # The attempt id of the claim that holds the lease (claim(attempt_id=)).
+    sa.Column("attempt_id", ExactKey(), nullable=True),
     # claim: one index range per channel, ordered; dead and delayed rows lie
     # beyond "now" and cost nothing. Dead-letter listing reads its tail.
     sa.Index("ix_novaque_deliveries_claim", "channel_id", "visible_at", "id"),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -294,6 +294,8 @@ def test_overview_shape(web: WSGIClient, client: novaque.Client) -> None:
     orders = data["topics"][1]
     assert orders["today"]["published"] == 6
     billing, shipping = orders["channels"]
+    oldest = billing["backlog"].pop("oldest_ready_at")
+    assert datetime.fromisoformat(oldest) <= datetime.now(timezone.utc)
     assert billing == {
         "name": "billing",
         "settings": {
@@ -304,8 +306,10 @@ def test_overview_shape(web: WSGIClient, client: novaque.Client) -> None:
             "max_attempts": None,
             "dead_max_age": None,
             "dead_max_count": None,
+            "dead_max_bytes": None,
+            "dead_letter_expired": None,
         },
-        "backlog": {"pending": 0, "ready": 2, "in_flight": 0, "dead": 0},
+        "backlog": {"pending": 0, "ready": 2, "in_flight": 0, "dead": 0, "deferred": 0},
         "today": {
             "published": 3,
             "claimed": 1,
@@ -351,6 +355,8 @@ def test_channel_settings_show_and_pause_resume_buttons(
         "max_attempts": None,
         "dead_max_age": None,
         "dead_max_count": None,
+        "dead_max_bytes": None,
+        "dead_letter_expired": None,
     }
     assert web.post("/admin/api/topics/orders/channels/billing/pause").json() == {
         "paused": {"topic": "orders", "channel": "billing"}
@@ -379,7 +385,14 @@ def test_channel_page_and_api(web: WSGIClient, client: novaque.Client, clock: Fa
     assert 'id="chart"' in page.text
     assert 'data-daily="/admin/api/topics/orders/channels/billing/daily"' in page.text
     detail = web.get("/admin/api/topics/orders/channels/billing").json()
-    assert detail["backlog"] == {"pending": 0, "ready": 1, "in_flight": 0, "dead": 0}
+    assert detail["backlog"] == {
+        "pending": 0,
+        "ready": 1,
+        "in_flight": 0,
+        "dead": 0,
+        "deferred": 0,
+        "oldest_ready_at": clock().isoformat(),
+    }
     assert detail["today"]["published"] == 1
     assert detail["window"]["counters"]["published"] == 1
     daily = web.get("/admin/api/topics/orders/channels/billing/daily").json()

@@ -21,6 +21,8 @@ DEFAULTS = novaque.ChannelSettings(
     max_attempts=None,
     dead_max_age=None,
     dead_max_count=None,
+    dead_max_bytes=None,
+    dead_letter_expired=None,
     paused=False,
 )
 
@@ -40,6 +42,8 @@ def test_a_new_channel_takes_the_settings_given_and_the_defaults_for_the_rest(
         max_attempts=2,
         dead_max_age=None,
         dead_max_count=5,
+        dead_max_bytes=None,
+        dead_letter_expired=None,
         paused=False,
     )
 
@@ -59,6 +63,19 @@ def test_settings_given_replace_the_stored_ones_and_reset_restores_defaults(
     assert client.channel_settings("t", "c") == DEFAULTS
 
 
+def test_the_dead_letter_settings_of_section_9_are_stored_and_reset(
+    client: novaque.Client,
+) -> None:
+    client.ensure_channel("t", "c", dead_max_bytes=1 << 20, dead_letter_expired=True)
+    got = client.channel_settings("t", "c")
+    assert (got.dead_max_bytes, got.dead_letter_expired) == (1 << 20, True)
+    client.ensure_channel("t", "c", dead_letter_expired=False)  # False is a value, not a reset
+    got = client.channel_settings("t", "c")
+    assert (got.dead_max_bytes, got.dead_letter_expired) == (1 << 20, False)
+    client.ensure_channel("t", "c", reset=("dead_max_bytes", "dead_letter_expired"))
+    assert client.channel_settings("t", "c") == DEFAULTS
+
+
 @pytest.mark.parametrize(
     ("settings", "error", "match"),
     [
@@ -69,6 +86,9 @@ def test_settings_given_replace_the_stored_ones_and_reset_restores_defaults(
         ({"max_attempts": 0}, novaque.InvalidOption, "max_attempts"),
         ({"dead_max_count": -1}, novaque.InvalidOption, "dead_max_count"),
         ({"dead_max_age": -1}, novaque.InvalidOption, "dead_max_age"),
+        ({"dead_max_bytes": -1}, novaque.InvalidOption, "dead_max_bytes"),
+        ({"dead_max_bytes": 2**63}, novaque.InvalidOption, "dead_max_bytes"),
+        ({"dead_letter_expired": "yes"}, TypeError, "dead_letter_expired"),
         ({"reset": ("colour",)}, novaque.InvalidOption, "colour"),
         ({"reset": "lease"}, TypeError, "reset"),
         ({"lease": 5, "reset": ("lease",)}, novaque.InvalidOption, "both"),

@@ -182,3 +182,29 @@ def test_prune_deletes_old_messages_in_batches(backend: Backend, clock: FakeCloc
     with pytest.raises(novaque.InvalidOption, match="before must be timezone-aware"):
         client.prune(datetime(2030, 1, 1))
     assert client.prune(datetime(1970, 1, 2, tzinfo=timezone.utc)) == 0
+
+
+def test_oldest_ready_at_is_the_earliest_due_time_of_a_ready_delivery(
+    client: novaque.Client, clock: FakeClock
+) -> None:
+    client.ensure_channel("t", "a")
+    client.ensure_channel("t", "fifo", ordering="strict_fifo")
+    client.ensure_channel("u", "idle")
+    assert client.channel_backlog("u", "idle").oldest_ready_at is None
+    client.publish("t", b"later", delay=60)  # pending: not ready yet
+    assert client.channel_backlog("t", "a").oldest_ready_at is None
+    first = clock()
+    client.publish_many("t", [b"1", b"2"])
+    clock.advance(10)
+    client.publish("t", b"3")
+    assert client.channel_backlog("t", "a").oldest_ready_at == first
+    # On the strict FIFO channel the delayed head holds the others back
+    # (parked, counted ready): they have waited since their publish.
+    backlog = client.channel_backlog("t", "fifo")
+    assert (backlog.pending, backlog.ready, backlog.oldest_ready_at) == (1, 3, first)
+    [msg] = client.claim("t", "a", max_messages=1)  # leased: no longer ready
+    assert msg.body == b"1"
+    assert client.channel_backlog("t", "a").oldest_ready_at == first  # b"2"
+    total = client.channel_backlog("u", "idle") + client.channel_backlog("t", "a")
+    assert total.oldest_ready_at == first
+    assert total == novaque.Backlog(pending=1, ready=2, in_flight=1)

@@ -137,8 +137,13 @@ def counters(c: Counters) -> dict[str, int]:
     return asdict(c)
 
 
-def backlog(b: Backlog) -> dict[str, int]:
-    return asdict(b)
+def backlog(b: Backlog) -> dict[str, Any]:
+    """A backlog as JSON: its counts, and ``oldest_ready_at`` in ISO 8601 (None
+    when nothing is ready)."""
+    found = asdict(b)
+    oldest = b.oldest_ready_at
+    found["oldest_ready_at"] = None if oldest is None else oldest.isoformat()
+    return found
 
 
 def count_of(result: object) -> int | None:
@@ -163,6 +168,8 @@ def settings(client: Client, topic: str, channel: str) -> dict[str, Any]:
         "max_attempts": got.max_attempts,
         "dead_max_age": None if got.dead_max_age is None else got.dead_max_age.total_seconds(),
         "dead_max_count": got.dead_max_count,
+        "dead_max_bytes": got.dead_max_bytes,
+        "dead_letter_expired": got.dead_letter_expired,
     }
 
 

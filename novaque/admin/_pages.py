@@ -283,6 +283,11 @@ The numbers refresh every few seconds.</p>
                 ("Max attempts", _default_or(settings["max_attempts"])),
                 ("Dead letters kept for", _default_or(settings["dead_max_age"], " s")),
                 ("Dead letters kept, at most", _default_or(settings["dead_max_count"])),
+                ("Dead-letter bytes, at most", _default_or(settings["dead_max_bytes"])),
+                (
+                    "Expired deliveries become dead letters",
+                    _default_or(settings["dead_letter_expired"]),
+                ),
             )
         )
         body = f"""
@@ -517,4 +522,8 @@ or was created after it was published.</p></section>
 
 
 def _default_or(value: object, unit: str = "") -> str:
-    return "the client's default" if value is None else f"{value:g}{unit}"
+    if value is None:
+        return "the client's default"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return f"{value:g}{unit}"

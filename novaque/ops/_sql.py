@@ -13,6 +13,7 @@ from novaque.schema import (
     DEAD_VISIBLE_AT,
     PARKED_OFFSET,
     STATE_DEAD,
+    STATE_DEFERRED,
     STATE_LEASED,
     STATE_READY,
     channels,
@@ -39,7 +40,7 @@ def _ids(name: str = "p_ids") -> sa.BindParameter[Any]:
 _sums = [sa.func.coalesce(sa.func.sum(stats.c[col]), 0) for col in COUNTER_COLUMNS]
 _channels_of = sa.select(channels.c.id).where(channels.c.topic_id == _p("p_topic_id", sa.Integer))
 
-# -- backlog: four index-only range counts on ix_novaque_deliveries_state per channel ----
+# -- backlog: index-only range counts on ix_novaque_deliveries_state per channel ----
 #
 # Counting each state's range separately (rather than one GROUP BY with a CASE)
 # keeps every planner on the index, even for a channel that holds most of the
@@ -50,6 +51,15 @@ def _count(*where: sa.ColumnElement[bool]) -> sa.ScalarSelect[Any]:
     return (
         sa.select(sa.func.count())
         .select_from(d)
+        .where(d.c.channel_id == channels.c.id, *where)
+        .correlate(channels)
+        .scalar_subquery()
+    )
+
+
+def _earliest(*where: sa.ColumnElement[bool]) -> sa.ScalarSelect[Any]:
+    return (
+        sa.select(sa.func.min(d.c.visible_at))
         .where(d.c.channel_id == channels.c.id, *where)
         .correlate(channels)
         .scalar_subquery()
@@ -68,6 +78,11 @@ _backlog_columns = (
     _count(d.c.state == STATE_DEAD),  # dead
     # waiting behind their group's head (parked): ready too
     _count(d.c.state == STATE_READY, d.c.visible_at >= PARKED_OFFSET),
+    _count(d.c.state == STATE_DEFERRED),  # deferred
+    # the earliest due time of the unparked and of the parked ready ones: the
+    # first entry of each index range
+    _earliest(d.c.state == STATE_READY, d.c.visible_at < PARKED_OFFSET),
+    _earliest(d.c.state == STATE_READY, d.c.visible_at >= PARKED_OFFSET),
 )
 
 #: Live deliveries of one channel by state (``p_channel``, ``p_now``).

@@ -30,6 +30,7 @@ from novaque.schema import (
     COUNTER_COLUMNS,
     PARKED_OFFSET,
     STATE_DEAD,
+    STATE_DEFERRED,
     STATE_LEASED,
     STATE_READY,
     channels,
@@ -55,6 +56,8 @@ def _state(state: int, visible_at: int, now: int) -> DeliveryState:
         return "dead"
     if state == STATE_LEASED:
         return "in_flight"
+    if state == STATE_DEFERRED:
+        return "deferred"
     if visible_at >= PARKED_OFFSET:
         return "ready"  # waiting behind its group's head
     return "pending" if visible_at > now else "ready"
@@ -118,7 +121,7 @@ def channel_backlog(
 ) -> Backlog:
     channel_id = existing_channel_id(conn, topic, channel)
     row = conn.execute(_sql.BACKLOG, {"p_channel": channel_id, "p_now": now}).one()
-    return _backlog(row)
+    return _backlog(row, now)
 
 
 def topic_backlog(
@@ -126,13 +129,22 @@ def topic_backlog(
 ) -> dict[str, Backlog]:
     topic_id = existing_topic_id(conn, topic)
     rows = conn.execute(_sql._TOPIC_BACKLOG, {"p_topic_id": topic_id, "p_now": now})
-    return {row[1]: _backlog(row) for row in rows}
+    return {row[1]: _backlog(row, now) for row in rows}
 
 
-def _backlog(row: Any) -> Backlog:
+def _backlog(row: Any, now: int) -> Backlog:
     """A row of the backlog counts; parked deliveries count as ready."""
-    pending, ready, in_flight, dead, parked = (int(n) for n in row[2:])
-    return Backlog(pending, ready + parked, in_flight, dead)
+    pending, ready, in_flight, dead, parked, deferred = (int(n) for n in row[2:8])
+    due = [t for t in (row[8], None if row[9] is None else row[9] - PARKED_OFFSET) if t is not None]
+    earliest = min((int(t) for t in due if t <= now), default=None)
+    return Backlog(
+        pending,
+        ready + parked,
+        in_flight,
+        dead,
+        deferred,
+        None if earliest is None else from_us(earliest),
+    )
 
 
 # -- dead letters -------------------------------------------------------------------------
@@ -274,7 +286,7 @@ def _with_deliveries(
                 attempts=int(attempts),
                 last_error=error,
                 visible_at=None
-                if state == STATE_DEAD
+                if state in (STATE_DEAD, STATE_DEFERRED)
                 else from_us(visible % PARKED_OFFSET if state == STATE_READY else visible),
             )
         )

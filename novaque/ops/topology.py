@@ -64,6 +64,8 @@ SETTING_COLUMNS = {
     "max_attempts": "max_attempts",
     "dead_max_age": "dead_max_age",
     "dead_max_count": "dead_max_count",
+    "dead_max_bytes": "dead_max_bytes",
+    "dead_letter_expired": "dead_letter_expired",
 }
 #: What a setting returned to the client's default stores.
 SETTING_DEFAULTS: dict[str, Any] = {"ordering": ORDERINGS["standard"]}
@@ -104,6 +106,8 @@ _settings = sa.select(
     channels.c.max_attempts,
     channels.c.dead_max_age,
     channels.c.dead_max_count,
+    channels.c.dead_max_bytes,
+    channels.c.dead_letter_expired,
     channels.c.paused,
 ).where(channels.c.id == sa.bindparam("p_channel"))
 
@@ -123,7 +127,9 @@ def channel_settings(
         max_attempts=row[3],
         dead_max_age=_duration(row[4]),
         dead_max_count=row[5],
-        paused=bool(row[6]),
+        dead_max_bytes=None if row[6] is None else int(row[6]),
+        dead_letter_expired=None if row[7] is None else bool(row[7]),
+        paused=bool(row[8]),
     )
 
 
