@@ -162,7 +162,8 @@ def _oldest_dead(*, before: bool) -> sa.Select[Any]:
     stmt = sa.select(d.c.id).where(_dead_of_channel)
     if before:
         stmt = stmt.where(d.c.died_at < _p("p_before"))
-    return stmt.order_by(d.c.died_at, d.c.id).limit(_p("p_limit", sa.Integer))
+    # A BIGINT limit: requeue_dead(limit=) takes any 64-bit count.
+    return stmt.order_by(d.c.died_at, d.c.id).limit(_p("p_limit"))
 
 
 #: The ``p_limit`` oldest died dead letters of a channel (``p_before``: that
