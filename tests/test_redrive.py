@@ -425,3 +425,46 @@ def test_cancel_of_a_missing_or_bad_id_raises(client: novaque.Client) -> None:
         client.cancel(0)
     with pytest.raises(novaque.InvalidOption, match="message_id must be an integer, got str"):
         client.cancel("7")  # type: ignore[arg-type]
+
+
+@pytest.mark.sync_only
+def test_concurrent_moves_into_one_channel_leave_one_delivery_per_message(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Two channels' letters of the same messages moved into one channel at once
+    (two clients, two connections): each message ends with one delivery there."""
+    import threading
+
+    clients = [backend.client(clock=clock, maintenance_batch=10) for _ in range(2)]
+    setup = clients[0]
+    setup.ensure_channel("t", "s1")
+    setup.ensure_channel("t", "s2")
+    count = 300
+    setup.publish_many("t", [str(i) for i in range(count)])
+    for channel in ("s1", "s2"):
+        for msg in setup.claim("t", channel, max_messages=count):
+            setup.reject(msg)
+    setup.ensure_channel("t", "dst")
+    clients[1].list_topics()  # connected, schema checked: both start at once
+    start = threading.Barrier(2)
+    moved: dict[str, int] = {}
+
+    def move(client: novaque.Client, channel: str) -> None:
+        start.wait(timeout=30)
+        moved[channel] = client.requeue_dead("t", channel, to_channel="dst")
+
+    threads = [
+        threading.Thread(target=move, args=(c, name))
+        for c, name in zip(clients, ("s1", "s2"), strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert sum(moved.values()) == count
+    assert setup.channel_backlog("t", "dst") == Backlog(ready=count)
+    assert setup.channel_backlog("t", "s1") == setup.channel_backlog("t", "s2") == Backlog()
+    for client in clients:
+        client.flush_stats()
+    purged = [setup.channel_counters("t", c).purged for c in ("s1", "s2")]
+    assert purged == [count, count]  # each letter left its channel once: moved or deleted
