@@ -18,22 +18,29 @@ other counter; reads of counters see what was flushed (:meth:`flush_stats`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+import time
+from collections.abc import Iterable, Iterator
 from datetime import date, datetime
 
 from novaque import _validate
 from novaque._core import CoreClient
 from novaque._time import US, to_us
+from novaque._waits import THREADS, Waits
 from novaque.models import Backlog, Counters, DeadLetter, MessageInfo
-from novaque.ops import browse, maintain, topology
+from novaque.ops import browse, maintain
 from novaque.ops._sql import BACKLOG, DEAD_PAGE
-from novaque.options import seconds
+from novaque.options import check_int, seconds
 
 __all__ = ["BACKLOG", "DEAD_PAGE", "OperatingClient"]
 
 
 class OperatingClient(CoreClient):
     """Stats, backlog, dead letters, browsing, replay and prune (see the guide, "Operating")."""
+
+    #: How a paced call (``requeue_dead(rate=)``) waits: threads' events here,
+    #: asyncio's for the asyncio twin (the runtime sets the same attribute).
+    _waits: Waits = THREADS
 
     # -- counters -------------------------------------------------------------------------
 
@@ -133,69 +140,153 @@ class OperatingClient(CoreClient):
         after = _validate.after_id(after_id)
         return self._run_op("", browse.list_dead, topic, channel, page, after, with_body)
 
-    def requeue_dead(self, topic: str, channel: str, ids: Iterable[int] | None = None) -> int:
+    def requeue_dead(
+        self,
+        topic: str,
+        channel: str,
+        ids: Iterable[int] | None = None,
+        *,
+        to_channel: str | None = None,
+        limit: int | None = None,
+        died_before: datetime | None = None,
+        rate: float | None = None,
+    ) -> int:
         """Make dead letters ready again, now; return how many were requeued.
 
-        ``ids`` are delivery ids (from :meth:`list_dead`); ``None`` requeues
+        ``ids`` are delivery ids (from :meth:`list_dead`); ``None`` takes
         every dead letter of the channel. Ids that are not dead letters of this
         channel are skipped. Each one gets a fresh attempt budget (attempts
         reset to 0) and a fresh TTL: its message is kept at least
-        ``Options.default_ttl`` from now. Counted as ``requeued``. Works in
-        transactions of ``Options.maintenance_batch`` letters.
-        """
-        wanted = None if ids is None else _validate.ids(ids)
-        total = self._each_dead_batch("requeue", topic, channel, wanted)
-        if total:
-            self._wake(topic)
-        return total
+        ``Options.default_ttl`` from now. Counted as ``requeued``.
 
-    def delete_dead(self, topic: str, channel: str, ids: Iterable[int] | None = None) -> int:
+        - ``to_channel`` (a channel of the same topic; missing:
+          :class:`~novaque.ChannelNotFound`) moves the letters there instead:
+          ready, attempts reset, fresh TTL, the same delivery id (its place in
+          a FIFO channel), the target's ``max_attempts`` setting if it has
+          one; the target's filter is not asked. A letter whose message
+          already has a delivery in ``to_channel`` is deleted (counted
+          ``purged``) and not counted in the result. A move counts ``purged``
+          in the letter's channel and ``published`` and ``requeued`` in the
+          target, so ``published == acked + purged + live`` holds in both.
+        - ``limit`` (an int >= 1): at most that many, oldest died first
+          (``died_at``, then delivery id).
+        - ``died_before`` (an aware datetime): only letters that died earlier.
+        - ``rate`` (letters per second, a number > 0): at most that many per
+          second, in chunks of at most one second's worth (and at most
+          ``Options.maintenance_batch``), paced in real time.
+
+        Works in transactions of ``Options.maintenance_batch`` letters (one
+        per chunk), so a crash leaves every letter either requeued (moved) or
+        not, never half.
+        """
+        return sum(
+            self._dead_letter_chunks(
+                "requeue",
+                topic,
+                channel,
+                ids,
+                to_channel=to_channel,
+                limit=limit,
+                died_before=died_before,
+                rate=rate,
+            )
+        )
+
+    def delete_dead(
+        self,
+        topic: str,
+        channel: str,
+        ids: Iterable[int] | None = None,
+        *,
+        limit: int | None = None,
+        died_before: datetime | None = None,
+    ) -> int:
         """Delete dead letters; return how many were deleted.
 
-        ``ids`` are delivery ids; ``None`` deletes every dead letter of the
-        channel. Messages stay (browsable until TTL). Deleted letters count as
+        ``ids`` are delivery ids; ``None`` takes every dead letter of the
+        channel. ``limit`` (an int >= 1): at most that many, oldest died first;
+        ``died_before`` (an aware datetime): only letters that died earlier.
+        Messages stay (browsable until TTL). Deleted letters count as
         ``purged``, like every delivery that leaves without an ack, so
         ``published == acked + purged + live`` holds over a channel's life.
+        Works in transactions of ``Options.maintenance_batch`` letters.
         """
-        wanted = None if ids is None else _validate.ids(ids)
-        return self._each_dead_batch("delete", topic, channel, wanted)
+        return sum(
+            self._dead_letter_chunks(
+                "delete", topic, channel, ids, limit=limit, died_before=died_before
+            )
+        )
 
-    def _each_dead_batch(
-        self, action: browse.DeadAction, topic: str, channel: str, wanted: list[int] | None
-    ) -> int:
-        """Lock and requeue or delete the channel's dead letters (``wanted`` ones or
-        all) in batches."""
+    def _dead_letter_chunks(
+        self,
+        action: browse.DeadAction,
+        topic: str,
+        channel: str,
+        ids: Iterable[int] | None,
+        *,
+        to_channel: str | None = None,
+        limit: int | None = None,
+        died_before: datetime | None = None,
+        rate: float | None = None,
+    ) -> Iterator[int]:
+        """Check the arguments of :meth:`requeue_dead` / :meth:`delete_dead` (at
+        once), then requeue, move or delete the letters chunk by chunk, one
+        transaction each, yielding how many each chunk did (the CLI's progress
+        bar counts them)."""
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
+        wanted = None if ids is None else _validate.ids(ids)
+        if to_channel is not None:
+            _validate.name(to_channel, "to_channel")
+        most = None if limit is None else check_int(limit, "limit", 1, _validate.MAX_ID)
+        before = None
+        if died_before is not None:
+            before = to_us(_validate.moment(died_before, "died_before"))
+        per_second = None if rate is None else _validate.rate(rate)
         batch = self.options.maintenance_batch
-        ttl_us = int(self._default_ttl * US)
-        channel_id = self._run_op("", topology.channel_id, topic, channel)
-        total = 0
+        if per_second is not None:
+            batch = max(1, min(batch, int(per_second)))  # one second's worth at most
+        channel_id, target_id = self._run_op("", browse.dead_channels, topic, channel, to_channel)
+        work = browse.DeadWork(
+            action, topic, channel_id, int(self._default_ttl * US), before, target_id
+        )
+        return self._dead_chunks(work, wanted, most, batch, per_second)
+
+    def _dead_chunks(
+        self,
+        work: browse.DeadWork,
+        wanted: list[int] | None,
+        most: int | None,
+        batch: int,
+        per_second: float | None,
+    ) -> Iterator[int]:
+        if most is not None:
+            # The letters to take, chosen once (one sort of the dead range),
+            # then worked through by id, each checked again as it is locked.
+            wanted = self._run_op(
+                "", browse.oldest_dead, work.channel_id, wanted, work.died_before, most
+            )
+        pace = _Pace(per_second, self._waits)
         if wanted is not None:
             for i in range(0, len(wanted), batch):
-                _, done, _, effects = self._run_timed(
-                    "",
-                    browse.dead_batch,
-                    action,
-                    topic,
-                    channel_id,
-                    wanted[i : i + batch],
-                    0,
-                    batch,
-                    ttl_us,
-                )
+                pace.wait()
+                chunk = sorted(wanted[i : i + batch])
+                _, done, _, effects = self._run_timed("", browse.dead_batch, work, chunk, 0, batch)
                 self._apply(effects)
-                total += done
-            return total
+                pace.took(len(chunk))
+                yield done
+            return
         after = 0
         while True:
+            pace.wait()
             seen, done, after, effects = self._run_timed(
-                "", browse.dead_batch, action, topic, channel_id, None, after, batch, ttl_us
+                "", browse.dead_batch, work, None, after, batch
             )
             self._apply(effects)
-            total += done
+            pace.took(seen)
+            yield done
             if seen < batch:
-                return total
+                return
 
     def enforce_dead_retention(self) -> int:
         """Delete dead letters beyond their channel's bounds; return how many.
@@ -283,6 +374,23 @@ class OperatingClient(CoreClient):
         until_us = None if until is None else to_us(_validate.moment(until, "until"))
         return self._run_timed("", browse.list_messages, topic, since_us, until_us, page, after)
 
+    def cancel(self, message_id: int) -> int:
+        """Delete the message's deliveries that were never attempted; return how many.
+
+        Those ready or pending (delayed, or waiting behind their group on an
+        ordered channel) with ``attempts == 0`` and not leased; one snoozed on
+        its first attempt counts as never attempted. Deliveries that were
+        claimed at least once, leased, deferred or dead stay. Counted as
+        ``purged`` in their channels; an ordered channel's group moves on to
+        its next delivery. The message stays browsable until its TTL.
+        :class:`~novaque.MessageNotFound` if no message has this id. One
+        transaction.
+        """
+        wanted_id = _validate.message_id(message_id, "message_id")
+        cancelled, effects = self._run_timed("", browse.cancel, wanted_id)
+        self._apply(effects)
+        return cancelled
+
     # -- replay ---------------------------------------------------------------------------------
 
     def replay(self, message_id: int, channels: Iterable[str] | None = None) -> int:
@@ -347,3 +455,26 @@ class OperatingClient(CoreClient):
         if total:
             self.log.info("pruned %d messages published before %s", total, before.isoformat())
         return total
+
+
+class _Pace:
+    """Real-time pacing of work done in chunks: at most ``per_second`` items a
+    second (None: no pacing), waiting through ``waits`` (never ``time.sleep``:
+    the asyncio twin awaits the wait)."""
+
+    def __init__(self, per_second: float | None, waits: Waits) -> None:
+        self.per_second = per_second
+        self.waits = waits
+        self.start = time.monotonic()
+        self.done = 0
+
+    def took(self, items: int) -> None:
+        self.done += items
+
+    def wait(self) -> None:
+        """Wait until the items taken so far are within the rate."""
+        if self.per_second is None or not self.done:
+            return
+        left = self.start + self.done / self.per_second - time.monotonic()
+        if left > 0 and math.isfinite(left):
+            self.waits.event().wait(left)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from datetime import date, datetime
@@ -280,6 +281,24 @@ def names(value: object, kind: str) -> list[str]:
 def message_id(value: object, name: str = "id") -> int:
     """A message id: a positive integer of 64 bits."""
     return check_int(value, name, 1, MAX_ID)
+
+
+def rate(value: object, name: str = "rate") -> float:
+    """A pace: a finite number > 0 (of things per second)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidOption(
+            f"{name} must be a number of letters per second (> 0), got {type(value).__name__}"
+        )
+    try:
+        result = float(value)
+    except OverflowError:  # an int beyond every float
+        result = math.inf
+    if not math.isfinite(result) or result <= 0:
+        shown = repr(value) if math.isfinite(result) or isinstance(value, float) else "a huge int"
+        raise InvalidOption(
+            f"{name} must be a finite number of letters per second > 0, got {shown}"
+        )
+    return result
 
 
 def dead_max_age_us(value: Duration) -> int:

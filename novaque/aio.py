@@ -319,6 +319,7 @@ class AsyncClient:
     delete_dead = _bridged(Client.delete_dead)
     get_message = _bridged(Client.get_message)
     list_messages = _bridged(Client.list_messages)
+    cancel = _bridged(Client.cancel)
     replay = _bridged(Client.replay)
     replay_range = _bridged(Client.replay_range)
     prune = _bridged(Client.prune)

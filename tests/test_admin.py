@@ -7,9 +7,11 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 import novaque
 from novaque.admin import create_app
+from novaque.schema import DEFERRED_VISIBLE_AT, STATE_DEFERRED, deliveries
 from novaque.testing import FakeClock
 from tests.conftest import Backend
 from tests.wsgi import WSGIClient
@@ -296,6 +298,7 @@ def test_overview_shape(web: WSGIClient, client: novaque.Client) -> None:
     billing, shipping = orders["channels"]
     oldest = billing["backlog"].pop("oldest_ready_at")
     assert datetime.fromisoformat(oldest) <= datetime.now(timezone.utc)
+    assert billing.pop("oldest_ready_age") == 0.0  # published now, by the fake clock
     assert billing == {
         "name": "billing",
         "settings": {
@@ -613,3 +616,119 @@ def test_headers_the_database_cannot_store_are_published_replaced(
     reply = web.request("POST", "/admin/api/topics/orders/publish", raw=raw)
     assert reply.status == 201
     assert client.get_message(reply.json()["id"]).headers == {"k\ufffd": "v\ufffd"}
+
+
+# -- DESIGN §9: deferred and waiting time, redrive, cancel -------------------------------------
+
+
+def test_deferred_count_and_oldest_ready_age_on_overview_and_channel_page(
+    web: WSGIClient, client: novaque.Client, clock: FakeClock
+) -> None:
+    client.ensure_channel("orders", "billing")
+    client.ensure_channel("orders", "idle")
+    first, _ = client.publish_many("orders", ["a", "b"])
+    with client.engine.begin() as conn:  # what defer() leaves: one deferred delivery
+        conn.execute(
+            sa.update(deliveries)
+            .where(deliveries.c.message_id == first)
+            .values(state=STATE_DEFERRED, visible_at=DEFERRED_VISIBLE_AT)
+        )
+    client.ack_many(client.claim("orders", "idle", max_messages=5))
+    clock.advance(125)
+    data = web.get("/admin/api/overview").json()
+    billing, idle = data["topics"][0]["channels"]
+    assert billing["backlog"]["deferred"] == 1
+    assert billing["oldest_ready_age"] == 125.0
+    assert idle["oldest_ready_age"] is None
+    text = web.get("/admin/").text
+    row = re.search(r'<tr data-channel="billing">.*?</tr>', text, re.S)
+    assert row is not None
+    assert 'data-field="backlog.deferred">1</td>' in row.group(0)
+    assert 'data-field="oldest_ready_age" data-format="age">2 min 5 s</td>' in row.group(0)
+    idle_row = re.search(r'<tr data-channel="idle">.*?</tr>', text, re.S)
+    assert idle_row is not None
+    assert 'data-format="age">—</td>' in idle_row.group(0)
+    assert "Oldest ready" in text
+    page = web.get("/admin/topics/orders/channels/billing").text
+    assert "Deferred" in page
+    assert 'data-field="backlog.deferred">1</span>' in page
+    assert 'data-format="age">2 min 5 s</span>' in page
+    detail = web.get("/admin/api/topics/orders/channels/billing").json()
+    assert (detail["backlog"]["deferred"], detail["oldest_ready_age"]) == (1, 125.0)
+
+
+def test_ages_read_as_words() -> None:
+    from novaque.admin._pages import age
+
+    assert [age(s) for s in (None, 0, 59.9, 60, 3599, 3600, 86_399, 90_000)] == [
+        "—",
+        "0 s",
+        "59 s",
+        "1 min 0 s",
+        "59 min 59 s",
+        "1 h 0 min",
+        "23 h 59 min",
+        "1 d 1 h",
+    ]
+
+
+def test_redrive_form_and_api(web: WSGIClient, client: novaque.Client, clock: FakeClock) -> None:
+    client.ensure_channel("orders", "billing")
+    client.publish_many("orders", [f"m{i}" for i in range(5)])
+    ids = []
+    for _ in range(5):
+        ids.append(kill(client, "orders", "billing", "nope"))
+        clock.advance(1)
+    client.ensure_channel("orders", "retry")
+    client.ensure_channel("orders", "audit")
+    page = web.get("/admin/topics/orders/channels/billing/dead").text
+    assert 'data-redrive="/admin/api/topics/orders/channels/billing/dead/requeue"' in page
+    assert '<option value="retry">retry</option>' in page
+    assert '<option value="audit">audit</option>' in page
+    assert '<option value="billing">' not in page
+    assert web.get("/admin/api/topics/orders/channels/billing/dead").json()["other_channels"] == [
+        "audit",
+        "retry",
+    ]
+    web.login()
+    base = "/admin/api/topics/orders/channels/billing/dead"
+    moved = web.post(f"{base}/requeue", {"all": True, "to_channel": "retry", "limit": 2})
+    assert moved.json() == {"requeued": 2}
+    assert sorted(m.delivery_id for m in client.claim("orders", "retry", max_messages=9)) == ids[:2]
+    assert web.post(f"{base}/requeue", {"limit": 1}).json() == {"requeued": 1}  # here, the oldest
+    died = client.list_dead("orders", "billing")[0].died_at  # ids[3]'s
+    assert web.post(f"{base}/delete", {"died_before": died.isoformat()}).json() == {"deleted": 0}
+    later = (died + timedelta(seconds=1)).isoformat()
+    assert web.post(f"{base}/delete", {"died_before": later}).json() == {"deleted": 1}
+    for payload, status in (
+        ({"all": True, "to_channel": "nope"}, 404),
+        ({"all": True, "to_channel": 5}, 400),
+        ({"all": True, "limit": 0}, 400),
+        ({"all": True, "limit": "many"}, 400),
+        ({"all": True, "died_before": "soon"}, 400),
+    ):
+        reply = web.post(f"{base}/requeue", payload)
+        assert reply.status == status, payload
+        assert reply.json()["error"]
+    assert web.post(f"{base}/delete", {"all": True, "to_channel": "retry"}).status == 400
+    assert [x.delivery_id for x in client.list_dead("orders", "billing")] == [ids[4]]
+
+
+def test_cancel_button_and_api(web: WSGIClient, client: novaque.Client) -> None:
+    client.ensure_channel("orders", "billing")
+    client.ensure_channel("orders", "shipping")
+    scheduled = client.publish("orders", "later", delay=3600)
+    page = web.get(f"/admin/messages/{scheduled}").text
+    assert f'data-post="/admin/api/messages/{scheduled}/cancel"' in page
+    assert web.get(f"/admin/api/messages/{scheduled}").json()["cancellable"] is True
+    web.login()
+    assert web.post(f"/admin/api/messages/{scheduled}/cancel").json() == {"cancelled": 2}
+    assert f"/messages/{scheduled}/cancel" not in web.get(f"/admin/messages/{scheduled}").text
+    assert web.get(f"/admin/api/messages/{scheduled}").json()["cancellable"] is False
+    assert client.channel_counters("orders", "billing").purged == 1  # flushed by the admin
+    started = client.publish("orders", "now")
+    for channel in ("billing", "shipping"):
+        client.claim("orders", channel)
+    assert web.get(f"/admin/api/messages/{started}").json()["cancellable"] is False
+    assert web.post("/admin/api/messages/999999999/cancel").status == 404
+    assert web.get(f"/admin/api/messages/{scheduled}/cancel").status == 405

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -116,7 +117,12 @@ def test_topics_and_channels(db: Path) -> None:
     assert ok(run("channels", "orders", cwd=db)) == "billing\nshipping\n"
     ok(run("channels", "orders", "--delete", "shipping", cwd=db))
     assert ok(run("channels", "orders", cwd=db)) == "billing\n"
-    ok(run("topics", "--delete", "orders", cwd=db))
+    refused = one_line_error(run("topics", "--delete", "orders", cwd=db))
+    assert "standard input is not a terminal" in refused
+    assert "pass --yes" in refused
+    assert ok(run("topics", cwd=db)) == "audit\norders\n"  # nothing deleted
+    assert "does not exist" in one_line_error(run("topics", "--delete", "nope", "--yes", cwd=db))
+    ok(run("topics", "--delete", "orders", "--yes", cwd=db))
     assert ok(run("topics", cwd=db)) == "audit\n"
 
 
@@ -260,12 +266,120 @@ def test_dead_list_requeue_delete(db: Path) -> None:
     assert "bad order" in listing[1]
     out = ok(run("dead", "requeue", "orders", "billing", str(ids[0]), cwd=db))
     assert out == "requeued 1 dead letters of orders/billing\n"
-    out = ok(run("dead", "delete", "orders", "billing", "--all", cwd=db))
+    assert "pass --yes" in one_line_error(
+        run("dead", "delete", "orders", "billing", "--all", cwd=db)
+    )
+    out = ok(run("dead", "delete", "orders", "billing", "--all", "--yes", cwd=db))
     assert out == "deleted 2 dead letters of orders/billing\n"
     assert "no dead letters" in ok(run("dead", "list", "orders", "billing", cwd=db))
     error = one_line_error(run("dead", "requeue", "orders", "billing", cwd=db))
     assert "--all" in error
     assert run("dead", "requeue", "orders", "billing", "x", cwd=db).returncode == 2
+
+
+def dead_letters(db: Path, count: int) -> list[int]:
+    """Channel orders/billing with ``count`` dead letters (dying a second apart,
+    by a fake clock), and orders/retry created after them; their delivery ids."""
+    moment = [datetime(2026, 11, 29, 9, 0, tzinfo=timezone.utc)]
+    client = novaque.connect(f"sqlite:///{db / 'novaque.db'}", clock=lambda: moment[0])
+    try:
+        client.ensure_channel("orders", "billing")
+        client.publish_many("orders", [str(i) for i in range(count)])
+        ids = []
+        for msg in client.claim("orders", "billing", max_messages=count):
+            client.reject(msg, "bad")
+            ids.append(msg.delivery_id)
+            moment[0] += timedelta(seconds=1)
+        client.ensure_channel("orders", "retry")
+        client.flush_stats()
+        return ids
+    finally:
+        client._executor.engine.dispose()
+
+
+def test_dead_redrive_with_limit_died_before_and_rate(db: Path) -> None:
+    ids = dead_letters(db, 5)
+    out = ok(
+        run("dead", "requeue", "orders", "billing", "--to-channel", "retry", "--limit", "2", cwd=db)
+    )
+    assert out == "requeued 2 dead letters of orders/billing to orders/retry\n"
+    listing = ok(run("dead", "list", "orders", "billing", cwd=db)).splitlines()
+    assert [int(line.split()[0]) for line in listing[1:]] == ids[2:]  # the oldest went first
+    cut = "2026-11-29T09:00:04Z"  # letters 3 and 4 (0-based 2, 3) died before it
+    result = run("dead", "delete", "orders", "billing", "--died-before", cut, "--progress", cwd=db)
+    assert ok(result) == "deleted 2 dead letters of orders/billing\n"
+    assert "deleted 2/3 [" in result.stderr  # the progress line, on stderr
+    out = ok(run("dead", "requeue", "orders", "billing", "--all", "--rate", "1000", cwd=db))
+    assert out == "requeued 1 dead letters of orders/billing\n"
+    assert "no dead letters" in ok(run("dead", "list", "orders", "billing", cwd=db))
+    error = one_line_error(
+        run("dead", "requeue", "orders", "billing", "--all", "--to-channel", "nope", cwd=db)
+    )
+    assert "channel 'nope' of topic 'orders' does not exist" in error
+    for bad in (
+        ["--died-before", "2026-11-29T09:00:00"],  # no zone
+        ["--died-before", "soon"],
+        ["--rate", "0"],
+        ["--rate", "x"],
+        ["--limit", "0"],
+    ):
+        result = run("dead", "requeue", "orders", "billing", *bad, cwd=db)
+        assert result.returncode == 2, bad
+        assert "usage:" in result.stderr
+    assert (
+        run("dead", "delete", "orders", "billing", "--to-channel", "retry", cwd=db).returncode == 2
+    )
+    assert run("dead", "delete", "orders", "billing", "--rate", "5", cwd=db).returncode == 2
+
+
+def run_on_a_terminal(args: list[str], cwd: Path, answer: bytes) -> tuple[int, str]:
+    """The command with a pseudo-terminal as standard input, answering ``answer``."""
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "NOVAQUE_DATABASE_URL"}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "novaque.cli", *args],
+            cwd=cwd,
+            stdin=follower,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        os.write(leader, answer)
+        out, err = process.communicate(timeout=120)
+    finally:
+        os.close(follower)
+        os.close(leader)
+    return process.returncode, out + err
+
+
+def test_deleting_everything_asks_on_a_terminal(db: Path) -> None:
+    dead_letters(db, 2)
+    status, text = run_on_a_terminal(["dead", "delete", "orders", "billing", "--all"], db, b"n\n")
+    assert status == 1
+    assert "Delete every dead letter of orders/billing (2) for good? [y/N]" in text
+    assert "not confirmed: nothing was changed" in text
+    status, text = run_on_a_terminal(["dead", "delete", "orders", "billing", "--all"], db, b"y\n")
+    assert status == 0, text
+    assert "deleted 2 dead letters of orders/billing" in text
+    status, text = run_on_a_terminal(["topics", "--delete", "orders"], db, b"yes\n")
+    assert status == 0, text
+    assert "Delete topic orders with its 2 channels" in text
+    assert ok(run("topics", cwd=db)) == ""
+
+
+def test_cancel_a_scheduled_message(db: Path) -> None:
+    ok(run("channels", "orders", "--create", "billing", cwd=db))
+    ok(run("channels", "orders", "--create", "shipping", cwd=db))
+    message_id = ok(run("publish", "orders", "later", "--delay", "3600", cwd=db)).strip()
+    out = ok(run("cancel", message_id, cwd=db))
+    assert out == f"cancelled 2 never-attempted deliveries of message {message_id}\n"
+    assert ok(run("cancel", message_id, cwd=db)).startswith("cancelled 0 ")
+    assert "message 999999 does not exist" in one_line_error(run("cancel", "999999", cwd=db))
+    assert run("cancel", "x", cwd=db).returncode == 2
 
 
 @pytest.mark.parametrize("backend", ["postgres", "mysql"], indirect=True)  # SQLite: above

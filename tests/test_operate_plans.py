@@ -174,3 +174,23 @@ def test_group_fifo_claim_and_next_of_group_use_their_index(
     got = client.claim("ordered", "c1", max_messages=1000)
     assert sorted(m.group for m in got) == sorted({*groups})
     assert client.channel_backlog("ordered", "c1") == novaque.Backlog(ready=2000, in_flight=100)
+
+
+@pytest.mark.parametrize("query", ["oldest_dead", "dead_chunk_died_before"])
+def test_redrive_reads_use_the_dead_range(backend: Backend, clock: FakeClock, query: str) -> None:
+    """requeue_dead / delete_dead with limit and died_before read the channel's
+    dead range of the claim index, never the table."""
+    from novaque.ops import _sql
+
+    client = backend.client(clock=clock)
+    now = to_us(clock())
+    channel_id = load(client, now)
+    params: dict[str, Any] = {"p_channel": channel_id, "p_before": now - 50, "p_limit": 100}
+    if query == "oldest_dead":
+        stmt: sa.Executable = _sql.OLDEST_DEAD[True]
+    else:
+        stmt = _sql.DEAD_CHUNKS[(False, True)]
+        params["p_after"] = 0
+    check(plan_of(client, stmt, params), "ix_novaque_deliveries_claim")
+    # The statements are the ones the client runs (the channel has 20 dead letters).
+    assert client.requeue_dead("plans", f"c{CHANNELS // 2}", limit=3, died_before=clock()) == 3

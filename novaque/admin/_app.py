@@ -225,6 +225,7 @@ class AdminApp:
         )
         api.append(("GET", _route("/messages/{id}"), self.api_message))
         api.append(("POST", _route("/messages/{id}/replay"), self.api_replay))
+        api.append(("POST", _route("/messages/{id}/cancel"), self.api_cancel))
 
     # -- pages ------------------------------------------------------------------------
 
@@ -416,19 +417,35 @@ class AdminApp:
 
     def _dead_action(self, call: Call, method: str, verb: str) -> Response:
         data = call.request.read_json()
+        options: dict[str, Any] = {}
+        if data.get("limit") not in (None, ""):
+            options["limit"] = _data.parse_id(data["limit"], "limit")
+        if data.get("died_before") not in (None, ""):
+            options["died_before"] = _data.parse_datetime(data["died_before"], "died_before")
+        if data.get("to_channel") not in (None, ""):
+            if method != "requeue_dead":
+                raise HTTPError(400, "to_channel is for requeue: deleted letters go nowhere")
+            if not isinstance(data["to_channel"], str):
+                raise HTTPError(400, "to_channel must be a channel name of the topic")
+            options["to_channel"] = data["to_channel"]
         if data.get("all") is True:
             if "ids" in data:
                 raise HTTPError(400, 'send either "ids" or "all": true, not both')
             ids = None
         elif "ids" in data:
             ids = _data.parse_ids(data["ids"])
+        elif "limit" in options or "died_before" in options:
+            ids = None  # the letters chosen by limit / died_before
         else:
-            raise HTTPError(400, 'send "ids": [delivery ids] or "all": true')
+            raise HTTPError(
+                400, 'send "ids": [delivery ids], "all": true, or "limit" / "died_before"'
+            )
         topic, channel = call.name("topic"), call.name("channel")
-        result = getattr(self.client, method)(topic, channel, ids=ids)
+        result = getattr(self.client, method)(topic, channel, ids=ids, **options)
         self._after_change()
         count = _data.count_of(result)
-        log.info("admin: %s %s dead letters of %s/%s", verb, count, topic, channel)
+        where = f" to {topic}/{options['to_channel']}" if "to_channel" in options else ""
+        log.info("admin: %s %s dead letters of %s/%s%s", verb, count, topic, channel, where)
         return Response.json({verb: count})
 
     def api_requeue_dead(self, call: Call) -> Response:
@@ -443,6 +460,13 @@ class AdminApp:
         result = self.client.replay(message_id, channels=channels)
         self._after_change()
         return Response.json({"replayed": _data.count_of(result)})
+
+    def api_cancel(self, call: Call) -> Response:
+        message_id = _data.parse_id(call.name("id"), "message id")
+        cancelled = self.client.cancel(message_id)
+        self._after_change()
+        log.info("admin: cancelled %d deliveries of message %d", cancelled, message_id)
+        return Response.json({"cancelled": cancelled})
 
     def api_replay_range(self, call: Call) -> Response:
         data = call.request.read_json()

@@ -29,9 +29,21 @@ _INT = re.compile(r"[0-9]{1,19}")
 
 def today(client: Client) -> date:
     """Today's UTC date as the client sees it (its injected clock, if any)."""
+    return now(client).date()
+
+
+def now(client: Client) -> datetime:
+    """The time as the client sees it (its injected clock, if any), aware UTC."""
     clock = client.options.clock
     moment = clock() if clock is not None else datetime.now(timezone.utc)
-    return moment.astimezone(timezone.utc).date()
+    return moment.astimezone(timezone.utc)
+
+
+def ready_age(b: Backlog, at: datetime) -> float | None:
+    """How long the oldest ready delivery has waited at ``at``, in seconds (None:
+    nothing is ready)."""
+    oldest = b.oldest_ready_at
+    return None if oldest is None else max(0.0, (at - oldest).total_seconds())
 
 
 def retention_start(client: Client) -> date:
@@ -174,10 +186,12 @@ def settings(client: Client, topic: str, channel: str) -> dict[str, Any]:
 
 
 def channel_summary(client: Client, topic: str, channel: str, day: date) -> dict[str, Any]:
+    found = client.channel_backlog(topic, channel)
     return {
         "name": channel,
         "settings": settings(client, topic, channel),
-        "backlog": backlog(client.channel_backlog(topic, channel)),
+        "backlog": backlog(found),
+        "oldest_ready_age": ready_age(found, now(client)),
         "today": counters(client.channel_counters(topic, channel, since=day, until=day)),
     }
 
@@ -204,12 +218,14 @@ def overview(client: Client) -> dict[str, Any]:
 def channel_detail(client: Client, topic: str, channel: str) -> dict[str, Any]:
     day = today(client)
     start = retention_start(client)
+    found = client.channel_backlog(topic, channel)
     return {
         "topic": topic,
         "channel": channel,
         "settings": settings(client, topic, channel),
         "day": day.isoformat(),
-        "backlog": backlog(client.channel_backlog(topic, channel)),
+        "backlog": backlog(found),
+        "oldest_ready_age": ready_age(found, now(client)),
         "today": counters(client.channel_counters(topic, channel, since=day, until=day)),
         "window": {
             "since": start.isoformat(),
@@ -261,6 +277,8 @@ def dead_page(
     return {
         "topic": topic,
         "channel": channel,
+        # where the letters can be moved (requeue_dead(to_channel=))
+        "other_channels": [name for name in client.list_channels(topic) if name != channel],
         "items": items,
         "next_after_id": items[-1]["delivery_id"] if more and items else None,
     }
@@ -292,6 +310,10 @@ def message(info: MessageInfo, channel_names: list[str], limit: int) -> dict[str
         "expires_at": iso(info.expires_at),
         **preview(info.body, limit),
         "deliveries": states,
+        # whether cancel() would delete something: a delivery never attempted
+        "cancellable": any(
+            d.state in ("ready", "pending") and d.attempts == 0 for d in info.deliveries
+        ),
     }
 
 

@@ -14,8 +14,14 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote, urlencode
 
-STATES = ("pending", "ready", "in_flight", "dead")
-STATE_LABELS = {"pending": "Pending", "ready": "Ready", "in_flight": "In flight", "dead": "Dead"}
+STATES = ("pending", "ready", "in_flight", "deferred", "dead")
+STATE_LABELS = {
+    "pending": "Pending",
+    "ready": "Ready",
+    "in_flight": "In flight",
+    "deferred": "Deferred",
+    "dead": "Dead",
+}
 TODAY = ("published", "acked", "requeued", "dead")
 
 
@@ -28,6 +34,34 @@ def when(value: object) -> str:
     """An ISO time as ``YYYY-MM-DD HH:MM:SS`` (UTC), escaped."""
     text = "" if value is None else str(value)
     return h(text[:19].replace("T", " "))
+
+
+def age(seconds: float | None) -> str:
+    """How long something has waited, in words a person scans: ``3 min 12 s``.
+
+    ``admin.js`` formats live updates the same way.
+    """
+    if seconds is None:
+        return "—"
+    total = int(seconds)
+    days, rest = divmod(total, 86_400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes} min"
+    if minutes:
+        return f"{minutes} min {secs} s"
+    return f"{secs} s"
+
+
+def age_cell(tag: str, seconds: float | None, cls: str) -> str:
+    """The live-updated age of the oldest ready delivery (``oldest_ready_age``)."""
+    return (
+        f'<{tag} class="{cls}" data-field="oldest_ready_age" data-format="age">'
+        f"{h(age(seconds))}</{tag}>"
+    )
 
 
 def q(name: str) -> str:
@@ -149,7 +183,7 @@ The numbers refresh every few seconds.</p>
         name = topic["name"]
         rows = "".join(self._channel_row(name, c) for c in topic["channels"])
         if not rows:
-            rows = f'<tr><td colspan="{1 + len(STATES) + len(TODAY)}" class="empty">'
+            rows = f'<tr><td colspan="{2 + len(STATES) + len(TODAY)}" class="empty">'
             rows += "No channels: messages are kept but not delivered.</td></tr>"
         return f"""
 <section class="card topic" data-topic="{h(name)}">
@@ -165,10 +199,12 @@ The numbers refresh every few seconds.</p>
 
     def _channel_table(self, topic: str, rows: str) -> str:
         state_heads = "".join(f'<th class="num">{STATE_LABELS[s]}</th>' for s in STATES)
+        state_heads += '<th class="num" title="how long the oldest ready delivery has waited">'
+        state_heads += "Oldest ready</th>"
         today_heads = "".join(f'<th class="num today">{s.capitalize()}</th>' for s in TODAY)
         return f"""<table class="grid">
 <thead><tr><th>Channel</th>{state_heads}{today_heads}</tr>
-<tr class="sub"><th></th><th colspan="{len(STATES)}">backlog</th>
+<tr class="sub"><th></th><th colspan="{len(STATES) + 1}">backlog</th>
 <th colspan="{len(TODAY)}" class="today">today</th></tr></thead>
 <tbody>{rows}</tbody></table>"""
 
@@ -190,6 +226,7 @@ The numbers refresh every few seconds.</p>
             f'<td class="num s-{s}" data-field="backlog.{s}">{channel["backlog"][s]}</td>'
             for s in STATES
         )
+        cells += age_cell("td", channel["oldest_ready_age"], "num age")
         cells += "".join(
             f'<td class="num today" data-field="today.{c}">{channel["today"][c]}</td>'
             for c in TODAY
@@ -209,7 +246,7 @@ The numbers refresh every few seconds.</p>
         name = data["name"]
         rows = "".join(self._channel_row(name, c) for c in data["channels"])
         if not rows:
-            rows = f'<tr><td colspan="{1 + len(STATES) + len(TODAY)}" class="empty">'
+            rows = f'<tr><td colspan="{2 + len(STATES) + len(TODAY)}" class="empty">'
             rows += "No channels yet.</td></tr>"
         body = f"""
 <div class="bar">
@@ -254,6 +291,11 @@ The numbers refresh every few seconds.</p>
             f'<div class="stat s-{s}"><span class="k">{STATE_LABELS[s]}</span>'
             f'<span class="v" data-field="backlog.{s}">{data["backlog"][s]}</span></div>'
             for s in STATES
+        )
+        backlog += (
+            '<div class="stat"><span class="k">Oldest ready waited</span>'
+            + age_cell("span", data["oldest_ready_age"], "v")
+            + "</div>"
         )
         names = ("published", "claimed", "acked", "requeued", "dead", "purged")
         heads = "".join(f'<th class="num">{n.capitalize()}</th>' for n in names)
@@ -388,7 +430,8 @@ The numbers refresh every few seconds.</p>
 <th>Delivery</th><th>Message</th><th class="num">Attempts</th><th>Reason</th>
 <th>Last error</th><th>Body</th><th>Died at (UTC)</th></tr></thead>
 <tbody>{table}</tbody></table>
-<p class="pager">{" ".join(pager)}</p>"""
+<p class="pager">{" ".join(pager)}</p>
+{self._redrive_form(topic, name, data["other_channels"])}"""
         return self.layout(
             f"Dead letters {topic}/{name}",
             body,
@@ -399,6 +442,23 @@ The numbers refresh every few seconds.</p>
                 ("dead letters", self.channel_url(topic, name, "/dead")),
             ],
         )
+
+    def _redrive_form(self, topic: str, name: str, others: list[str]) -> str:
+        """Requeue the letters that died first, here or into another channel."""
+        options = '<option value="">this channel (requeue here)</option>' + "".join(
+            f'<option value="{h(c)}">{h(c)}</option>' for c in others
+        )
+        api = self.api(f"/topics/{q(topic)}/channels/{q(name)}/dead/requeue")
+        return f"""<section class="card"><h2>Redrive</h2>
+<form class="inline" data-redrive="{h(api)}" data-topic-name="{h(topic)}" data-channel-name="{h(name)}">
+  <label>to <select name="to_channel" aria-label="channel to move the letters to">{options}</select></label>
+  <label>at most <input name="limit" type="number" min="1" step="1" placeholder="all" aria-label="at most this many letters"></label>
+  <button class="btn" type="submit">Redrive</button>
+</form>
+<p class="muted">Requeues the letters that died first (all of them without a limit), ready at
+once with attempts reset and a fresh TTL. Moved to another channel of the topic, a letter
+keeps its delivery id and skips that channel's filter; one whose message the channel already
+holds is deleted instead.</p></section>"""
 
     def messages(self, data: dict[str, Any], query: dict[str, str]) -> str:
         topic = data["topic"]
@@ -492,6 +552,7 @@ The numbers refresh every few seconds.</p>
 <span class="actions">
   {self.button("Replay to all channels", f"/messages/{data['id']}/replay", confirm=f"Replay message {data['id']} to every channel of {topic}?")}
   {self.button("Replay to selected", f"/messages/{data['id']}/replay", confirm=f"Replay message {data['id']} to the selected channels?", extra=" data-selected-channels")}
+  {self.button("Cancel", f"/messages/{data['id']}/cancel", confirm=f"Cancel message {data['id']}: delete its deliveries that were never attempted?", danger=True) if data["cancellable"] else ""}
 </span></div>
 <section class="card"><table class="kv">
 <tr><th>Published (UTC)</th><td class="time">{when(data["published_at"])}</td></tr>

@@ -17,7 +17,17 @@ import sqlalchemy as sa
 from novaque.client import Client, connect
 from novaque.errors import NovaqueError
 
-__all__ = ["CommandError", "Context", "listening", "one_line", "parse_day", "print_table"]
+__all__ = [
+    "CommandError",
+    "Context",
+    "Progress",
+    "confirm",
+    "listening",
+    "one_line",
+    "parse_day",
+    "parse_moment",
+    "print_table",
+]
 
 MAX_ERROR_CHARS = 500
 
@@ -141,6 +151,81 @@ def parse_day(text: str) -> date:
         return date.fromisoformat(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a date like 2024-05-31, got {text!r}") from None
+
+
+def parse_moment(text: str) -> datetime:
+    """argparse type for an ISO 8601 time with its zone (``Z`` for UTC)."""
+    import argparse
+
+    shown = text if len(text) <= 40 else text[:37] + "..."
+    value = text.strip()
+    if value.endswith(("Z", "z")):
+        value = value[:-1] + "+00:00"
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO 8601 time like 2026-11-29T09:00:00Z, got {shown!r}"
+        ) from None
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise argparse.ArgumentTypeError(
+            f"give the time zone too (2026-11-29T09:00:00Z, or +02:00), got {shown!r}"
+        )
+    return moment
+
+
+def confirm(question: str, *, yes: bool) -> None:
+    """Ask ``question`` on the terminal before something that cannot be undone.
+
+    ``yes`` (the command's ``--yes``) skips it. Without a terminal on standard
+    input nobody can answer: the command refuses, saying to pass ``--yes``.
+    Anything but y/yes is a no (:class:`CommandError`, nothing done).
+    """
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise CommandError(
+            f"{question.rstrip('?')}: not without a confirmation, and standard input is "
+            "not a terminal to ask on; pass --yes to go ahead"
+        )
+    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
+    answer = sys.stdin.readline().strip().lower()
+    if answer not in ("y", "yes"):
+        raise CommandError("not confirmed: nothing was changed")
+
+
+class Progress:
+    """A progress line on stderr (``done/total``, a bar, a percentage), redrawn
+    in place; silent unless ``shown``."""
+
+    WIDTH = 30
+
+    def __init__(self, verb: str, total: int | None, *, shown: bool) -> None:
+        self.verb = verb
+        self.total = total
+        self.shown = shown
+        self.done = 0
+        self._drawn = False
+
+    def add(self, n: int) -> None:
+        self.done += n
+        if self.shown:
+            self._draw()
+
+    def _draw(self) -> None:
+        if self.total:
+            part = min(1.0, self.done / self.total)
+            filled = int(part * self.WIDTH)
+            bar = "#" * filled + "." * (self.WIDTH - filled)
+            line = f"{self.verb} {self.done}/{self.total} [{bar}] {part:4.0%}"
+        else:
+            line = f"{self.verb} {self.done}"
+        print("\r" + line, end="", file=sys.stderr, flush=True)
+        self._drawn = True
+
+    def close(self) -> None:
+        if self._drawn:
+            print(file=sys.stderr, flush=True)
 
 
 def cell(value: object) -> str:

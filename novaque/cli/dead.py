@@ -1,13 +1,21 @@
-"""``novaque dead list|requeue|delete TOPIC CHANNEL``: the dead-letter queue."""
+"""``novaque dead list|requeue|delete TOPIC CHANNEL``: the dead-letter queue, and
+``novaque cancel MESSAGE_ID``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
-from novaque.cli._common import Context, print_table
+from novaque.cli._common import (
+    CommandError,
+    Context,
+    Progress,
+    confirm,
+    parse_moment,
+    print_table,
+)
 
 ERROR_WIDTH = 60
 
@@ -41,11 +49,70 @@ def register(commands: Any) -> None:
     listing.set_defaults(run=run_list)
 
     for name, verb in (("requeue", "requeue (fresh TTL, attempts reset)"), ("delete", "delete")):
-        action = actions.add_parser(name, help=f"{verb} dead letters")
+        action = actions.add_parser(
+            name,
+            help=f"{verb} dead letters",
+            description=f"{verb.capitalize()} the dead letters given by delivery id, or --all "
+            "of them; --limit and --died-before narrow (or, alone, choose) the letters.",
+        )
         _target(action)
         action.add_argument("ids", nargs="*", type=_positive, metavar="ID", help="delivery ids")
         action.add_argument("--all", action="store_true", help="every dead letter of the channel")
+        if name == "requeue":
+            action.add_argument(
+                "--to-channel",
+                metavar="CHANNEL",
+                help="move them to this channel of the topic (ready, attempts reset)",
+            )
+        action.add_argument(
+            "--limit", type=_positive, metavar="N", help="at most N, oldest died first"
+        )
+        action.add_argument(
+            "--died-before",
+            type=parse_moment,
+            metavar="TIME",
+            help="only letters that died before TIME (ISO 8601 with its zone, e.g. "
+            "2026-11-29T09:00:00Z)",
+        )
+        if name == "requeue":
+            action.add_argument(
+                "--rate",
+                type=_rate,
+                metavar="N",
+                help="at most N letters a second, in chunks of one transaction each",
+            )
+        action.add_argument(
+            "--progress",
+            action="store_true",
+            help="show a progress line on stderr (the default when stderr is a terminal)",
+        )
+        if name == "delete":
+            action.add_argument(
+                "--yes",
+                action="store_true",
+                help="do not ask before deleting every dead letter of the channel",
+            )
         action.set_defaults(run=run_requeue if name == "requeue" else run_delete)
+
+    cancel = commands.add_parser(
+        "cancel",
+        help="delete a message's deliveries that were never attempted",
+        description="Delete the deliveries of MESSAGE_ID that were never attempted (ready "
+        "or pending, not leased, attempts 0): a scheduled message called off. Attempted, "
+        "leased, deferred and dead deliveries stay; the message stays browsable until TTL.",
+    )
+    cancel.add_argument("message_id", type=_positive, metavar="MESSAGE_ID")
+    cancel.set_defaults(run=run_cancel)
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected letters per second > 0, got {text!r}")
+    return value
 
 
 def _target(parser: argparse.ArgumentParser) -> None:
@@ -94,31 +161,68 @@ def run_list(args: argparse.Namespace, context: Context) -> int:
 
 def _ids(args: argparse.Namespace) -> Sequence[int] | None:
     if args.all and args.ids:
-        raise ValueError("give delivery ids or --all, not both")
-    if not args.all and not args.ids:
-        raise ValueError("give the delivery ids to act on (see `novaque dead list`) or --all")
-    return None if args.all else list(args.ids)
+        raise CommandError("give delivery ids or --all, not both")
+    chosen = args.limit is not None or args.died_before is not None
+    if not args.all and not args.ids and not chosen:
+        raise CommandError(
+            "give the delivery ids to act on (see `novaque dead list`), --all, "
+            "--limit or --died-before"
+        )
+    return list(args.ids) if args.ids else None
 
 
-def _count(result: object, ids: Sequence[int] | None) -> str:
-    if isinstance(result, int) and not isinstance(result, bool):
-        return str(result)
-    if isinstance(result, Sequence):
-        return str(len(result))
-    return str(len(ids)) if ids is not None else "all"
+def _chunks(
+    args: argparse.Namespace, context: Context, action: Literal["requeue", "delete"]
+) -> int:
+    """Run the pass chunk by chunk, with a progress line; how many it did."""
+    ids = _ids(args)
+    client = context.client()
+    total: int | None = len(ids) if ids is not None else None
+    shown = args.progress or sys.stderr.isatty()
+    if total is None and (shown or action == "delete"):
+        dead = client.channel_backlog(args.topic, args.channel).dead
+        total = dead if args.limit is None else min(dead, args.limit)
+    if action == "delete" and ids is None and args.limit is None and args.died_before is None:
+        confirm(
+            f"Delete every dead letter of {args.topic}/{args.channel} ({total}) for good?",
+            yes=args.yes,
+        )
+    extra: dict[str, Any] = {}
+    if action == "requeue":
+        extra = {"to_channel": args.to_channel, "rate": args.rate}
+    verb = "requeued" if action == "requeue" else "deleted"
+    progress = Progress(verb, total, shown=shown)
+    try:
+        chunks = client._dead_letter_chunks(
+            action,
+            args.topic,
+            args.channel,
+            ids,
+            limit=args.limit,
+            died_before=args.died_before,
+            **extra,
+        )
+        for done in chunks:
+            progress.add(done)
+    finally:
+        progress.close()
+    return progress.done
 
 
 def run_requeue(args: argparse.Namespace, context: Context) -> int:
-    ids = _ids(args)
-    client = context.client()
-    result = client.requeue_dead(args.topic, args.channel, ids=ids)
-    print(f"requeued {_count(result, ids)} dead letters of {args.topic}/{args.channel}")
+    done = _chunks(args, context, "requeue")
+    where = f" to {args.topic}/{args.to_channel}" if args.to_channel else ""
+    print(f"requeued {done} dead letters of {args.topic}/{args.channel}{where}")
     return 0
 
 
 def run_delete(args: argparse.Namespace, context: Context) -> int:
-    ids = _ids(args)
-    client = context.client()
-    result = client.delete_dead(args.topic, args.channel, ids=ids)
-    print(f"deleted {_count(result, ids)} dead letters of {args.topic}/{args.channel}")
+    done = _chunks(args, context, "delete")
+    print(f"deleted {done} dead letters of {args.topic}/{args.channel}")
+    return 0
+
+
+def run_cancel(args: argparse.Namespace, context: Context) -> int:
+    done = context.client().cancel(args.message_id)
+    print(f"cancelled {done} never-attempted deliveries of message {args.message_id}")
     return 0

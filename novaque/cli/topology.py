@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from novaque.admin._data import settings
-from novaque.cli._common import Context
+from novaque.cli._common import Context, confirm
 
 
 def register(commands: Any) -> None:
@@ -17,11 +17,15 @@ def register(commands: Any) -> None:
         "topics",
         help="list topics (or create/delete one)",
         description="List topic names, one a line. --create/--delete change one topic; "
-        "deleting a topic deletes its channels, messages and counters.",
+        "deleting a topic deletes its channels, messages and counters (after a "
+        "confirmation on the terminal, or with --yes).",
     )
     change = topics.add_mutually_exclusive_group()
     change.add_argument("--create", metavar="TOPIC", help="create TOPIC if missing")
     change.add_argument("--delete", metavar="TOPIC", help="delete TOPIC and everything in it")
+    topics.add_argument(
+        "--yes", action="store_true", help="do not ask before --delete (needed without a terminal)"
+    )
     topics.set_defaults(run=run_topics)
 
     channels = commands.add_parser(
@@ -48,6 +52,12 @@ def run_topics(args: argparse.Namespace, context: Context) -> int:
         client.ensure_topic(args.create)
         print(f"topic {args.create} is ready")
     elif args.delete:
+        channels = client.list_channels(args.delete)  # TopicNotFound before asking
+        confirm(
+            f"Delete topic {args.delete} with its {len(channels)} channels and all its "
+            "messages, deliveries and counters?",
+            yes=args.yes,
+        )
         client.delete_topic(args.delete)
         print(f"deleted topic {args.delete}")
     else:

@@ -11,11 +11,13 @@ import sqlalchemy as sa
 from novaque.schema import (
     COUNTER_COLUMNS,
     DEAD_VISIBLE_AT,
+    ORDERINGS,
     PARKED_OFFSET,
     STATE_DEAD,
     STATE_DEFERRED,
     STATE_LEASED,
     STATE_READY,
+    ExactKey,
     channels,
     deliveries,
     messages,
@@ -131,19 +133,46 @@ def _dead_page(with_body: bool) -> sa.Select[Any]:
 DEAD_PAGE = _dead_page(False)
 _DEAD_PAGE_BODIES = _dead_page(True)
 
-_dead_batch_after = (
-    sa.select(d.c.id, d.c.message_id)
-    .where(_dead_of_channel, d.c.id > _p("p_after"))
-    .order_by(d.c.id)
-    .limit(_p("p_limit", sa.Integer))
-    .with_for_update()
-)
-_dead_batch_in = (
-    sa.select(d.c.id, d.c.message_id)
-    .where(_dead_of_channel, d.c.id.in_(_ids()))
-    .order_by(d.c.id)
-    .with_for_update()
-)
+
+def _dead_chunk(*, by_ids: bool, before: bool) -> sa.Select[Any]:
+    """A locking read of a chunk of a channel's dead letters, in id order: the
+    ``p_ids`` among them, or the next ``p_limit`` after ``p_after``; with
+    ``before``, only those that died before ``p_before``."""
+    stmt = sa.select(d.c.id, d.c.message_id).where(_dead_of_channel)
+    if before:
+        stmt = stmt.where(d.c.died_at < _p("p_before"))
+    if by_ids:
+        stmt = stmt.where(d.c.id.in_(_ids()))
+    else:
+        stmt = stmt.where(d.c.id > _p("p_after")).limit(_p("p_limit", sa.Integer))
+    return stmt.order_by(d.c.id).with_for_update()
+
+
+#: The chunks of a pass over dead letters: {(by ids, with died_before): statement}.
+DEAD_CHUNKS = {
+    (by_ids, before): _dead_chunk(by_ids=by_ids, before=before)
+    for by_ids in (False, True)
+    for before in (False, True)
+}
+_dead_batch_after = DEAD_CHUNKS[(False, False)]
+_dead_batch_in = DEAD_CHUNKS[(True, False)]
+
+
+def _oldest_dead(*, before: bool) -> sa.Select[Any]:
+    stmt = sa.select(d.c.id).where(_dead_of_channel)
+    if before:
+        stmt = stmt.where(d.c.died_at < _p("p_before"))
+    # A BIGINT limit: requeue_dead(limit=) takes any 64-bit count.
+    return stmt.order_by(d.c.died_at, d.c.id).limit(_p("p_limit"))
+
+
+#: The ``p_limit`` oldest died dead letters of a channel (``p_before``: that
+#: died earlier), read once per pass with a ``limit``: one sort of the
+#: channel's dead range, whatever the number of chunks that follow.
+OLDEST_DEAD = {before: _oldest_dead(before=before) for before in (False, True)}
+#: When the given dead letters (``p_ids``) of a channel died.
+_dead_died_in = sa.select(d.c.id, d.c.died_at).where(_dead_of_channel, d.c.id.in_(_ids()))
+
 _revive = (
     sa.update(d)
     .where(d.c.id.in_(_ids()), d.c.state == STATE_DEAD)
@@ -161,6 +190,54 @@ _extend_expiry = (
     .where(m.c.id.in_(_ids()), m.c.expires_at < _p("p_expires"))
     .values(expires_at=_p("p_expires"))
 )
+
+# -- moving dead letters to another channel of the topic (requeue_dead(to_channel=)) --
+
+#: The target's ordering and max_attempts setting (``p_channel``).
+_target_channel = sa.select(channels.c.ordering, channels.c.max_attempts).where(
+    channels.c.id == _p("p_channel", sa.Integer)
+)
+# Locks the messages moved, in id order: a replay of one of them (which locks
+# its message too) and another move into the channel take turns with this one,
+# so a message never gets two live deliveries in one channel.
+_lock_messages = sa.select(m.c.id).where(m.c.id.in_(_ids())).order_by(m.c.id).with_for_update()
+#: Which of messages ``p_ids`` have a live delivery (any state) in ``p_channel``.
+_held_in_channel = sa.select(d.c.message_id).where(
+    d.c.channel_id == _p("p_channel", sa.Integer), d.c.message_id.in_(_ids())
+)
+
+
+def _move(group_key: sa.ColumnElement[Any]) -> sa.Update:
+    """Dead letters ``p_ids`` become ready deliveries of channel ``p_target``,
+    now, with a fresh budget (``p_budget``, the target's setting, or the one
+    they had) and their key in the target's ordering."""
+    return (
+        sa.update(d)
+        .where(d.c.id.in_(_ids()), d.c.state == STATE_DEAD)
+        .values(
+            channel_id=_p("p_target", sa.Integer),
+            state=STATE_READY,
+            visible_at=_p("p_now"),
+            attempts=0,
+            max_attempts=sa.func.coalesce(_p("p_budget", sa.Integer), d.c.max_attempts),
+            lease_token=None,
+            dead_reason=None,
+            died_at=None,
+            group_key=group_key,
+        )
+    )
+
+
+#: :func:`_move` by the target's ordering code (see ``schema.ORDERINGS``):
+#: standard (no key), group_fifo (the message's group), strict_fifo ("").
+MOVES = {
+    ORDERINGS["standard"]: _move(sa.null()),
+    ORDERINGS["group_fifo"]: _move(
+        sa.select(m.c.group_key).where(m.c.id == d.c.message_id).scalar_subquery()
+    ),
+    ORDERINGS["strict_fifo"]: _move(sa.bindparam("p_key", "", type_=ExactKey())),
+}
+
 _dead_count = sa.select(sa.func.count()).where(
     d.c.channel_id == _p("p_channel", sa.Integer), d.c.state == STATE_DEAD
 )

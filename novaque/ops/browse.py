@@ -23,11 +23,12 @@ from novaque.models import (
     MessageInfo,
 )
 from novaque.ops import Batch, Effects, _groups, _sql
-from novaque.ops.maintain import delete_dead_rows, delete_deliveries_of
+from novaque.ops.maintain import count_purged, delete_dead_rows, delete_deliveries_of
 from novaque.ops.publish import insert_deliveries, order_key
 from novaque.ops.topology import existing_channel_id, existing_topic_id
 from novaque.schema import (
     COUNTER_COLUMNS,
+    ORDERINGS,
     PARKED_OFFSET,
     STATE_DEAD,
     STATE_DEFERRED,
@@ -181,46 +182,183 @@ def list_dead(
 DeadAction = Literal["requeue", "delete"]
 
 
+@dataclasses.dataclass(frozen=True)
+class DeadWork:
+    """What a pass over a channel's dead letters does, chunk after chunk.
+
+    ``action``: requeue or delete; ``channel_id``: the channel whose letters
+    they are; ``ttl_us``: the fresh TTL a requeued letter's message gets;
+    ``died_before``: only letters that died earlier (epoch microseconds);
+    ``target_id``: requeue into this channel of the same topic instead.
+    """
+
+    action: DeadAction
+    topic: str
+    channel_id: int
+    ttl_us: int = 0
+    died_before: int | None = None
+    target_id: int | None = None
+
+
+def dead_channels(
+    conn: sa.Connection,
+    dialect: dialects.Dialect,
+    topic: str,
+    channel: str,
+    to_channel: str | None,
+) -> tuple[int, int | None]:
+    """The ids of a pass's channel and of its target channel (None: none named)."""
+    channel_id = existing_channel_id(conn, topic, channel)
+    target = None if to_channel is None else existing_channel_id(conn, topic, to_channel)
+    return channel_id, target
+
+
+def oldest_dead(
+    conn: sa.Connection,
+    dialect: dialects.Dialect,
+    channel_id: int,
+    chosen: list[int] | None,
+    died_before: int | None,
+    limit: int,
+) -> list[int]:
+    """The ids of the ``limit`` dead letters of the channel that died first
+    (by died_at, then id), among ``chosen`` if given, in that order."""
+    params: dict[str, Any] = {"p_channel": channel_id}
+    if died_before is not None:
+        params["p_before"] = died_before
+    if chosen is None:
+        stmt = _sql.OLDEST_DEAD[died_before is not None]
+        return [int(r[0]) for r in conn.execute(stmt, {**params, "p_limit": limit})]
+    found: list[tuple[int, int]] = []
+    for i in range(0, len(chosen), ID_CHUNK):
+        rows = conn.execute(_sql._dead_died_in, {**params, "p_ids": chosen[i : i + ID_CHUNK]})
+        found += (
+            (int(died), int(did))
+            for did, died in rows
+            if died is not None and (died_before is None or died < died_before)
+        )
+    return [did for _, did in sorted(found)[:limit]]
+
+
+#: Ids sent in one IN list by :func:`oldest_dead` (SQLite takes 32,766 parameters).
+ID_CHUNK = 1000
+
+
 def dead_batch(
     conn: sa.Connection,
     dialect: dialects.Dialect,
     now: int,
-    action: DeadAction,
-    topic: str,
-    channel_id: int,
+    work: DeadWork,
     chosen: list[int] | None,
     after: int,
     batch: int,
-    ttl_us: int,
 ) -> tuple[int, int, int, Effects]:
-    """Lock a batch of the channel's dead letters (the ``chosen`` delivery ids, or
-    the next ``batch`` after id ``after``) and requeue or delete them: (seen,
-    done, last id seen, effects)."""
+    """Lock a chunk of the channel's dead letters (the ``chosen`` delivery ids, or
+    the next ``batch`` after id ``after``) and requeue, move or delete them:
+    (seen, done, last id seen, effects)."""
+    params: dict[str, Any] = {"p_channel": work.channel_id}
+    if work.died_before is not None:
+        params["p_before"] = work.died_before
+    stmt = _sql.DEAD_CHUNKS[(chosen is not None, work.died_before is not None)]
     if chosen is not None:
-        rows = conn.execute(_sql._dead_batch_in, {"p_channel": channel_id, "p_ids": chosen}).all()
+        rows = conn.execute(stmt, {**params, "p_ids": chosen}).all()
         last = after
     else:
-        params = {"p_channel": channel_id, "p_after": after, "p_limit": batch}
-        rows = conn.execute(_sql._dead_batch_after, params).all()
+        rows = conn.execute(stmt, {**params, "p_after": after, "p_limit": batch}).all()
         last = int(rows[-1][0]) if rows else after
     tally = Tally()
-    if chosen is None and not rows:
-        return 0, 0, after, Effects(tally=tally)
-    delivery_ids = [int(r[0]) for r in rows]
-    if action == "delete":
+    if not rows:
+        return 0, 0, last, Effects(tally=tally)
+    letters = [(int(r[0]), int(r[1])) for r in rows]
+    delivery_ids = [did for did, _ in letters]
+    if work.action == "delete":
         done = delete_dead_rows(conn, dialect, now, delivery_ids, tally)
+        return len(rows), done, last, Effects(tally=tally)
+    if work.target_id is not None and work.target_id != work.channel_id:
+        done = _move_letters(conn, dialect, now, work, letters, tally)
     else:
         done = int(conn.execute(_sql._revive, {"p_ids": delivery_ids, "p_now": now}).rowcount)
         # Ordered ones join their groups again: at the head, or parked.
         _groups.rejoin(conn, dialect, _groups.members_of(conn, d.c.id.in_(delivery_ids)))
         conn.execute(
             _sql._extend_expiry,
-            {"p_ids": sorted({int(r[1]) for r in rows}), "p_expires": now + ttl_us},
+            {"p_ids": sorted({mid for _, mid in letters}), "p_expires": now + work.ttl_us},
         )
-        tally.add("requeued", day_of(now), {channel_id: done})
-        if done:
-            dialect.notify(conn, topic)
-    return len(rows), done, last, Effects(tally=tally)
+        tally.add("requeued", day_of(now), {work.channel_id: done})
+    if done:
+        dialect.notify(conn, work.topic)
+    return len(rows), done, last, Effects(tally=tally, wake=(work.topic,) if done else ())
+
+
+def _move_letters(
+    conn: sa.Connection,
+    dialect: dialects.Dialect,
+    now: int,
+    work: DeadWork,
+    letters: list[tuple[int, int]],
+    tally: Tally,
+) -> int:
+    """Move locked dead letters ((delivery id, message id)) into the target
+    channel: ready now, attempts reset, their delivery ids kept (their place in
+    a FIFO channel), the target's filter not asked. A letter whose message
+    already has a delivery there is deleted instead (counted purged in its
+    channel). Returns how many moved.
+
+    Counters keep ``published == acked + purged + live`` in both channels: a
+    letter moved counts ``purged`` in its channel, ``published`` and
+    ``requeued`` in the target.
+    """
+    target = work.target_id
+    assert target is not None
+    found = conn.execute(_sql._target_channel, {"p_channel": target}).one_or_none()
+    if found is None:
+        raise ChannelNotFound(f"the channel to move dead letters to (id {target}) was deleted")
+    ordering, budget = int(found[0]), found[1]
+    message_ids = sorted({mid for _, mid in letters})
+    conn.execute(_sql._lock_messages, {"p_ids": message_ids})
+    held = {
+        int(r[0])
+        for r in conn.execute(_sql._held_in_channel, {"p_channel": target, "p_ids": message_ids})
+    }
+    delete_dead_rows(conn, dialect, now, [did for did, mid in letters if mid in held], tally)
+    moving = [did for did, mid in letters if mid not in held]
+    if not moving:
+        return 0
+    params = {"p_ids": moving, "p_now": now, "p_target": target, "p_budget": budget}
+    done = int(conn.execute(_sql.MOVES[ordering], params).rowcount)
+    if ordering != ORDERINGS["standard"]:
+        _groups.rejoin(conn, dialect, _groups.members_of(conn, d.c.id.in_(moving)))
+    conn.execute(
+        _sql._extend_expiry,
+        {
+            "p_ids": sorted({mid for _, mid in letters if mid not in held}),
+            "p_expires": now + work.ttl_us,
+        },
+    )
+    day = day_of(now)
+    tally.add("purged", day, {work.channel_id: done})
+    tally.add("published", day, {target: done})
+    tally.add("requeued", day, {target: done})
+    return done
+
+
+# -- cancel -------------------------------------------------------------------------------
+
+
+def cancel(
+    conn: sa.Connection, dialect: dialects.Dialect, now: int, message_id: int
+) -> tuple[int, Effects]:
+    """Delete the deliveries of message ``message_id`` never attempted (ready,
+    pending or parked, attempts 0): how many, and the purged to count."""
+    if conn.execute(_sql._lock_message, {"p_id": message_id}).one_or_none() is None:
+        raise MessageNotFound(f"message {message_id} does not exist")
+    where = sa.and_(d.c.message_id == message_id, d.c.state == STATE_READY, d.c.attempts == 0)
+    members = _groups.members_of(conn, where)
+    gone = dialect.delete_deliveries(conn, where)
+    _groups.leave(conn, dialect, members)  # a head cancelled: its group moves on
+    tally = Tally()
+    count_purged(gone, now, tally)
+    return len(gone), Effects(tally=tally)
 
 
 # -- messages -----------------------------------------------------------------------------

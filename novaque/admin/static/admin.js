@@ -46,6 +46,9 @@
     }
     if (data.deleted) return "Deleted.";
     if (data.replayed !== undefined) return "Replayed (" + data.replayed + ").";
+    if (data.cancelled !== undefined) {
+      return "Cancelled " + data.cancelled + " never-attempted deliver" + (data.cancelled === 1 ? "y." : "ies.");
+    }
     if (data.channel) return "Channel " + data.channel + " is ready.";
     if (data.topic) return "Topic " + data.topic + " is ready.";
     return "Done.";
@@ -117,6 +120,17 @@
       url = form.getAttribute("data-publish");
       payload = { body: form.elements.body.value };
       if (form.elements.delay.value) payload.delay = Number(form.elements.delay.value);
+    } else if (form.hasAttribute("data-redrive")) {
+      url = form.getAttribute("data-redrive");
+      payload = { all: true };
+      var target = form.elements.to_channel.value;
+      var limit = form.elements.limit.value;
+      if (target) payload.to_channel = target;
+      if (limit) payload.limit = Number(limit);
+      var here = form.getAttribute("data-topic-name") + "/" + form.getAttribute("data-channel-name");
+      var question = "Requeue " + (limit ? "the " + limit + " dead letters that died first" : "every dead letter") +
+        " of " + here + (target ? " into channel " + target : "") + "?";
+      if (!window.confirm(question)) { event.preventDefault(); return; }
     } else if (form.hasAttribute("data-replay-range")) {
       url = form.getAttribute("data-replay-range");
       payload = {
@@ -167,13 +181,27 @@
     }).join("|");
   }
 
+  // How long something waited, as the server writes it (_pages.age).
+  function age(seconds) {
+    if (seconds === null || seconds === undefined) return "\u2014";
+    var total = Math.floor(seconds);
+    var days = Math.floor(total / 86400), hours = Math.floor((total % 86400) / 3600);
+    var minutes = Math.floor((total % 3600) / 60), secs = total % 60;
+    if (days) return days + " d " + hours + " h";
+    if (hours) return hours + " h " + minutes + " min";
+    if (minutes) return minutes + " min " + secs + " s";
+    return secs + " s";
+  }
+
   function fill(scope, values) {
     Array.prototype.forEach.call(scope.querySelectorAll("[data-field]"), function (cell) {
       var path = cell.getAttribute("data-field").split(".");
       var value = values;
-      for (var i = 0; i < path.length && value !== undefined; i++) value = value[path[i]];
-      if (value !== undefined && cell.textContent !== String(value)) {
-        cell.textContent = String(value);
+      for (var i = 0; i < path.length && value !== undefined && value !== null; i++) value = value[path[i]];
+      if (value === undefined) return;
+      var text = cell.getAttribute("data-format") === "age" ? age(value) : String(value);
+      if (cell.textContent !== text) {
+        cell.textContent = text;
         cell.classList.add("changed");
         setTimeout(function () { cell.classList.remove("changed"); }, 900);
       }
