@@ -859,10 +859,21 @@ class CoreClient:
     def purge_expired(self) -> int:
         """Delete messages past their TTL with all their deliveries (dead included).
 
-        Works in batches of ``Options.maintenance_batch``; returns how many
-        messages it deleted.
+        On a channel with ``dead_letter_expired`` (``ensure_channel`` setting,
+        else ``Options.dead_letter_expired``), a delivery still live when its
+        message expires (ready, pending, in flight or deferred) becomes a dead
+        letter with reason ``"expired"`` instead (counted ``dead``; its lease,
+        if any, is lost), and the message is kept ``Options.default_ttl``
+        longer for it: the letters go by the channel's dead-letter bounds, or
+        with their message at that later expiry. Works in batches of
+        ``Options.maintenance_batch``; returns how many messages it deleted.
         """
-        return self._in_batches(maintain.purge_batch, self.options.maintenance_batch)
+        return self._in_batches(
+            maintain.purge_batch,
+            self.options.maintenance_batch,
+            dead_letter_expired=self.options.dead_letter_expired,
+            default_ttl_us=int(self._default_ttl * US),
+        )
 
     def flush_stats(self) -> None:
         """Write the buffered counter deltas to the database now.
