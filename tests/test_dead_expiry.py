@@ -4,6 +4,7 @@ reason "expired" instead of being purged, and its message is kept for it."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
@@ -192,3 +193,44 @@ def test_a_purge_batch_of_many_expired_messages(backend: Backend, clock: FakeClo
     assert client.channel_backlog("t", "keep") == Backlog(dead=7)
     assert client.channel_backlog("t", "drop") == Backlog()
     assert message_count(backend) == 7
+
+
+@pytest.mark.sync_only
+def test_acks_racing_the_purge_either_ack_or_die(backend: Backend, clock: FakeClock) -> None:
+    """Each leased delivery of an expired message is either acked or becomes a
+    dead letter (its ack then loses the lease), never both, counted once."""
+    client = backend.client(clock=clock, maintenance_batch=10)  # many purge transactions
+    acker = backend.client(clock=clock)
+    client.ensure_channel("t", "c", dead_letter_expired=True)
+    acker.list_topics()  # connected and checked before the race
+    client.publish_many("t", [b"x"] * 300, ttl=60)
+    held = client.claim("t", "c", max_messages=300, lease=3600)
+    assert len(held) == 300
+    clock.advance(61)
+    lost: list[novaque.Message] = []
+    barrier = threading.Barrier(2)
+
+    def ack() -> None:
+        barrier.wait(timeout=30)
+        newest_first = held[::-1]  # the purge takes the oldest first: they meet
+        for i in range(0, 300, 10):
+            lost.extend(acker.ack_many(newest_first[i : i + 10]))
+
+    def purge() -> None:
+        barrier.wait(timeout=30)
+        client.purge_expired()
+
+    threads = [threading.Thread(target=ack), threading.Thread(target=purge)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    client.purge_expired()  # whatever the race left for it
+    dead = {x.delivery_id for x in client.list_dead("t", "c", limit=1000)}
+    assert dead == {m.delivery_id for m in lost}
+    assert message_count(backend) == len(lost)  # kept for their letters, the others gone
+    assert client.channel_backlog("t", "c") == Backlog(dead=len(lost))
+    client.flush_stats()
+    acker.flush_stats()
+    counters = client.channel_counters("t", "c")
+    assert (counters.acked, counters.dead) == (300 - len(lost), len(lost))

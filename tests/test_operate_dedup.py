@@ -310,3 +310,30 @@ def test_concurrent_publish_many_calls_sharing_keys(backend: Backend) -> None:
     assert (conflict.key, conflict.message_id) == ("b", ids[1])
     assert count(backend, messages) == 3
     assert count(backend, deliveries) == 3
+
+
+@pytest.mark.sync_only
+def test_a_publisher_of_a_key_a_failed_call_held_in_an_open_transaction(
+    backend: Backend,
+) -> None:
+    """The failed call inserted key "k" and deleted it again in the caller's
+    still open transaction: a racer of "k" (waiting for that transaction or
+    not, as the backend decides) stores its own message."""
+    client, racer = backend.client(), backend.client()
+    client.ensure_channel("t", "a")
+    racer.ensure_topic("t")
+    held = client.publish("t", b"held", dedup_key="held")
+    got: list[int] = []
+    with backend.engine().connect() as conn:
+        with conn.begin():
+            with pytest.raises(novaque.DedupConflict):
+                client.publish_many(
+                    "t", [b"mine", b"changed"], dedup_keys=["k", "held"], connection=conn
+                )
+            thread = threading.Thread(
+                target=lambda: got.append(racer.publish("t", b"racer", dedup_key="k"))
+            )
+            thread.start()
+        thread.join(timeout=60)
+    [racer_id] = got
+    assert {m.id: m.body for m in client.list_messages("t")} == {held: b"held", racer_id: b"racer"}
