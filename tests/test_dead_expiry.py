@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 import novaque
 from novaque import Backlog
+from novaque.ops import maintain
 from novaque.schema import DEFERRED_VISIBLE_AT, STATE_DEFERRED, deliveries, messages
 from novaque.testing import FakeClock
 from tests.conftest import Backend
@@ -181,7 +182,10 @@ def test_expired_letters_go_by_the_channels_dead_letter_bounds(
     assert client.list_messages("t") == []
 
 
-def test_a_purge_batch_of_many_expired_messages(backend: Backend, clock: FakeClock) -> None:
+def test_a_purge_batch_of_many_expired_messages(
+    backend: Backend, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(maintain, "BURY_CHUNK", 2)  # letters made in several statements
     client = backend.client(clock=clock, maintenance_batch=3)
     client.ensure_channel("t", "keep", dead_letter_expired=True)
     client.ensure_channel("t", "drop")

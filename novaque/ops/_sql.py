@@ -183,9 +183,10 @@ _dead_bytes = (
     .join_from(d, m, m.c.id == d.c.message_id)
     .where(_dead_of_channel)
 )
-# Newest died first, each letter with the bytes of those up to it: the oldest
-# whose running total still fits ``p_max`` is the oldest kept (older ones go,
-# by _dead_beyond). Ids are unique, so no two rows share a running total's step.
+# Newest died first, each letter with the bytes of itself and of every letter
+# that died after it ((died_at, id) is unique: the window's default frame, up
+# to the current row, holds exactly those). The oldest whose running total
+# still fits ``p_max`` is the oldest kept; older ones go, by _dead_beyond.
 _running = (
     sa.select(
         d.c.died_at,

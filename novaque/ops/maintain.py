@@ -57,13 +57,14 @@ def delete_deliveries_of(
     now: int,
     message_ids: list[int],
     tally: Tally,
-    keep: Sequence[int] = (),
+    spare: sa.ColumnElement[bool] | None = None,
 ) -> None:
-    """Delete every delivery of messages ``message_ids`` but those of ids
-    ``keep``, counted as purged in ``tally``; the groups whose heads went move on."""
+    """Delete every delivery of messages ``message_ids`` (but those matching
+    ``spare``), counted as purged in ``tally``; the groups whose heads went
+    move on."""
     where: sa.ColumnElement[bool] = d.c.message_id.in_(message_ids)
-    if keep:
-        where = sa.and_(where, d.c.id.not_in(sorted(keep)))
+    if spare is not None:
+        where = sa.and_(where, sa.not_(spare))
     members = _groups.members_of(conn, where)
     count_purged(dialect.delete_deliveries(conn, where), now, tally)
     _groups.leave(conn, dialect, members)
@@ -175,46 +176,54 @@ def purge_batch(
     ]
     if not ids:
         return 0, 0, Effects(tally=tally)
-    died, kept = _die_on_expiry(conn, dialect, now, ids, dead_letter_expired, tally)
+    # Dead letters on expiry: the live deliveries of the batch in channels that
+    # keep them are locked (in id order) before anything else is deleted, so
+    # that none of them changes state meanwhile and "live in such a channel"
+    # spares exactly those rows from the delete.
+    dying = [
+        int(r[0]) for r in conn.execute(_sql.DYING_CHANNELS[dead_letter_expired], {"p_ids": ids})
+    ]
+    expiring = (
+        conn.execute(_sql._expiring, {"p_ids": ids, "p_channels": dying}).all() if dying else []
+    )
+    spare = sa.and_(d.c.channel_id.in_(dying), d.c.state != STATE_DEAD) if expiring else None
+    delete_deliveries_of(conn, dialect, now, ids, tally, spare)
+    kept = _bury_expired(conn, dialect, now, expiring, tally)
     if kept:
         params = {"p_ids": sorted(kept), "p_expires": now + default_ttl_us}
         conn.execute(_sql._keep_messages, params)
-    delete_deliveries_of(conn, dialect, now, ids, tally, keep=died)
     gone = [i for i in ids if i not in kept]
     if gone:
         conn.execute(sa.delete(messages).where(messages.c.id.in_(gone)))
     return len(ids), len(gone), Effects(tally=tally)
 
 
-def _die_on_expiry(
+#: Deliveries made dead letters per statement (bounds the statement's parameters).
+BURY_CHUNK = 1000
+
+
+def _bury_expired(
     conn: sa.Connection,
     dialect: dialects.Dialect,
     now: int,
-    message_ids: list[int],
-    default: bool,
+    rows: Sequence[Any],
     tally: Tally,
-) -> tuple[list[int], set[int]]:
-    """Make the live deliveries of expired messages ``message_ids`` dead letters
-    (reason ``"expired"``, counted ``dead``) where their channel says so: the
-    ids of those deliveries, and of their messages (to keep). The common case
-    (no channel of these topics with the setting) costs one statement on the
-    channels table."""
-    dying = [int(r[0]) for r in conn.execute(_sql.DYING_CHANNELS[default], {"p_ids": message_ids})]
-    if not dying:
-        return [], set()
-    params = {"p_ids": message_ids, "p_channels": dying}
-    rows = conn.execute(_sql._expiring, params).all()
+) -> set[int]:
+    """Make the locked live deliveries ``rows`` (id, channel id, message id,
+    group key) of expired messages dead letters with reason ``"expired"``,
+    counted ``dead``; return the ids of their messages (to keep)."""
     if not rows:
-        return [], set()
+        return set()
     died = [int(r[0]) for r in rows]
-    conn.execute(_sql._die_expired, {"p_ids": died, "p_now": now})
+    for i in range(0, len(died), BURY_CHUNK):
+        conn.execute(_sql._die_expired, {"p_ids": died[i : i + BURY_CHUNK], "p_now": now})
     tally.add("dead", day_of(now), Counter(int(r[1]) for r in rows))
-    # Heads that died: their groups move on (parked ones that died are not
-    # waiting any more, so the next head is a live one).
+    # Heads that died: their groups move on (parked ones that died wait no
+    # more, so the next head is a live one).
     _groups.leave(
         conn, dialect, [(int(r[1]), str(r[3]), int(r[0])) for r in rows if r[3] is not None]
     )
-    return died, {int(r[2]) for r in rows}
+    return {int(r[2]) for r in rows}
 
 
 # -- dead-letter retention --------------------------------------------------------------
