@@ -261,8 +261,11 @@ class CoreClient:
         message joins that transaction (and commits or rolls back with it);
         otherwise novaque commits it before returning. A topic that does not
         exist is created. With ``dedup_key``, publishing again with the same
-        key while the first message lives returns the first id and writes
-        nothing. ``group`` (1-200 characters) is the message's ordering key:
+        key while the first message lives (until its TTL purge or
+        :meth:`prune`) returns the first id and writes nothing when the body,
+        headers and group are the same; when one differs it raises
+        :class:`~novaque.DedupConflict` (with the key and the first id) and
+        writes nothing. ``group`` (1-200 characters) is the message's ordering key:
         a ``group_fifo`` channel hands out the messages of one group one at a
         time, in order (see the guide, "Ordering and routing").
         """
@@ -298,6 +301,15 @@ class CoreClient:
         Returns their ids in order. ``delay``, ``ttl``, ``max_attempts`` and
         ``headers`` apply to every message; ``dedup_keys`` and ``groups``, if
         given, have one key (or None) per body.
+
+        A body whose dedup key is held by a live message returns that
+        message's id (as :meth:`publish`); if one such holder has another
+        body, headers or group, :class:`~novaque.DedupConflict` is raised and
+        the whole call writes nothing, also in a caller's transaction
+        (``connection``/``session``), which may go on. A key given twice in
+        one call must come with the same body and group (else
+        :class:`~novaque.InvalidOption`, before any statement): the second
+        gets the first one's id.
         """
         body_list = list(bodies)
         if dedup_keys is None:
@@ -351,6 +363,7 @@ class CoreClient:
         delay_s = _validate.delay(delay, ttl_s)
         attempts = _validate.max_attempts(max_attempts, self.options.default_max_attempts)
         header_text = _validate.headers(headers)
+        _check_repeated_keys(dedup_keys, data, groups)
         if connection is not None and session is not None:
             raise InvalidOption("pass either connection or session to publish, not both")
         if connection is not None and not isinstance(connection, sa.Connection):
@@ -859,10 +872,21 @@ class CoreClient:
     def purge_expired(self) -> int:
         """Delete messages past their TTL with all their deliveries (dead included).
 
-        Works in batches of ``Options.maintenance_batch``; returns how many
-        messages it deleted.
+        On a channel with ``dead_letter_expired`` (``ensure_channel`` setting,
+        else ``Options.dead_letter_expired``), a delivery still live when its
+        message expires (ready, pending, in flight or deferred) becomes a dead
+        letter with reason ``"expired"`` instead (counted ``dead``; its lease,
+        if any, is lost), and the message is kept ``Options.default_ttl``
+        longer for it: the letters go by the channel's dead-letter bounds, or
+        with their message at that later expiry. Works in batches of
+        ``Options.maintenance_batch``; returns how many messages it deleted.
         """
-        return self._in_batches(maintain.purge_batch, self.options.maintenance_batch)
+        return self._in_batches(
+            maintain.purge_batch,
+            self.options.maintenance_batch,
+            dead_letter_expired=self.options.dead_letter_expired,
+            default_ttl_us=int(self._default_ttl * US),
+        )
 
     def flush_stats(self) -> None:
         """Write the buffered counter deltas to the database now.
@@ -884,6 +908,23 @@ class CoreClient:
         today = day_of(self._now())
         first_kept = today - timedelta(days=self.options.stats_retention_days - 1)
         return self._run_op("", maintain.prune_stats, first_kept)
+
+
+def _check_repeated_keys(
+    keys: Sequence[str | None], bodies: Sequence[bytes], groups: Sequence[str | None]
+) -> None:
+    """A dedup key given twice in one call must name one message: the same body
+    and group (the headers are the call's), else :class:`InvalidOption`."""
+    first: dict[str, int] = {}
+    for i, key in enumerate(keys):
+        if key is None:
+            continue
+        j = first.setdefault(key, i)
+        if j != i and (bodies[j] != bodies[i] or groups[j] != groups[i]):
+            raise InvalidOption(
+                f"dedup_keys gives {key!r} to bodies {j} and {i} with a different "
+                "body or group: one key names one message (give each its own key)"
+            )
 
 
 def _lost_text(msg: Message) -> str:

@@ -291,12 +291,14 @@ class OperatingClient(CoreClient):
     def enforce_dead_retention(self) -> int:
         """Delete dead letters beyond their channel's bounds; return how many.
 
-        Bounds are per channel (``ensure_channel(dead_max_age=, dead_max_count=)``),
-        defaulting to ``Options.dead_max_age`` / ``Options.dead_max_count``;
-        ``None`` means bounded by TTL only. Letters older than ``dead_max_age``
-        (by ``died_at``) go, then all but the newest ``dead_max_count``,
-        oldest first, in transactions of ``Options.maintenance_batch``. Only
-        dead rows are touched; they count as ``purged``. Part of
+        Bounds are per channel (``ensure_channel(dead_max_age=, dead_max_count=,
+        dead_max_bytes=)``), defaulting to ``Options.dead_max_age`` /
+        ``Options.dead_max_count`` / ``Options.dead_max_bytes``; ``None`` means
+        bounded by TTL only. Letters older than ``dead_max_age`` (by
+        ``died_at``) go, then all but the newest ``dead_max_count``, then all
+        but the newest whose bodies total at most ``dead_max_bytes`` bytes,
+        oldest died first, in transactions of ``Options.maintenance_batch``.
+        Only dead rows are touched; they count as ``purged``. Part of
         :meth:`run_maintenance`.
         """
         default_age = self.options.dead_max_age
@@ -304,17 +306,23 @@ class OperatingClient(CoreClient):
             None if default_age is None else int(seconds(default_age, "Options.dead_max_age") * US)
         )
         count_default = self.options.dead_max_count
+        bytes_default = self.options.dead_max_bytes
         bounded = self._run_op(
-            "", maintain.dead_bounds, age_default is None and count_default is None
+            "",
+            maintain.dead_bounds,
+            age_default is None and count_default is None and bytes_default is None,
         )
         total = 0
-        for channel_id, age, count in bounded:
+        for channel_id, age, count, size in bounded:
             max_age = age if age is not None else age_default
             max_count = count if count is not None else count_default
+            max_bytes = size if size is not None else bytes_default
             if max_age is not None:
                 total += self._retire_older(channel_id, int(max_age))
             if max_count is not None:
                 total += self._retire_beyond(channel_id, int(max_count))
+            if max_bytes is not None:
+                total += self._retire_bytes(channel_id, int(max_bytes))
         if total:
             self.log.debug("dead-letter retention deleted %d letters", total)
         return total
@@ -335,6 +343,19 @@ class OperatingClient(CoreClient):
         as letters keep dying, so concurrent passes never delete too many.
         """
         edge = self._run_op("", maintain.dead_boundary, channel_id, keep)
+        if edge is None:
+            return 0
+        batch = self.options.maintenance_batch
+        return self._in_batches(maintain.retire_beyond_batch, channel_id, edge, batch)
+
+    def _retire_bytes(self, channel_id: int, max_bytes: int) -> int:
+        """Delete the oldest died dead letters until the newest left total at
+        most ``max_bytes`` body bytes.
+
+        As for :meth:`_retire_beyond`, letters that die meanwhile are newer
+        than the boundary: concurrent passes never delete too many.
+        """
+        edge = self._run_op("", maintain.dead_bytes_boundary, channel_id, max_bytes)
         if edge is None:
             return 0
         batch = self.options.maintenance_batch

@@ -244,7 +244,7 @@ def test_dedup_keys_differing_only_by_trailing_spaces_are_two_keys(
     second = client.publish("t", b"2", dedup_key="order-1 ")
     third = client.publish("t", b"3", dedup_key="Order-1")
     assert len({first, second, third}) == 3
-    assert client.publish("t", b"again", dedup_key="order-1 ") == second
+    assert client.publish("t", b"2", dedup_key="order-1 ") == second  # the same message again
     assert [m.body for m in client.claim("t", "c", max_messages=10)] == [b"1", b"2", b"3"]
 
 

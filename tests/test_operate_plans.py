@@ -17,6 +17,7 @@ import sqlalchemy as sa
 import novaque
 from novaque import _operate
 from novaque._time import to_us
+from novaque.ops import _sql
 from novaque.schema import (
     DEAD_VISIBLE_AT,
     STATE_DEAD,
@@ -112,7 +113,9 @@ def check(plan: str, index: str) -> None:
     assert not scans, plan
 
 
-@pytest.mark.parametrize("query", ["claim", "list_dead", "backlog"])
+@pytest.mark.parametrize(
+    "query", ["claim", "list_dead", "backlog", "dead_bytes", "dead_bytes_boundary"]
+)
 def test_query_uses_its_index(backend: Backend, clock: FakeClock, query: str) -> None:
     client = backend.client(clock=clock)
     now = to_us(clock())
@@ -124,6 +127,10 @@ def test_query_uses_its_index(backend: Backend, clock: FakeClock, query: str) ->
     elif query == "list_dead":
         stmt = _operate.DEAD_PAGE
         params = {"p_channel": channel_id, "p_after": 0, "p_limit": 100}
+        index = "ix_novaque_deliveries_claim"
+    elif query.startswith("dead_bytes"):  # dead-letter bytes: the channel's dead range
+        stmt = getattr(_sql, "_" + query)
+        params = {"p_channel": channel_id, "p_max": 10}
         index = "ix_novaque_deliveries_claim"
     else:
         stmt = _operate.BACKLOG

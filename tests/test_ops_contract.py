@@ -175,7 +175,9 @@ def test_reaper_and_purge_batches_report_and_count(db: Any) -> None:
     assert (found, changed) == (2, 2)  # out of attempts: both dead
     assert counts(effects) == {("dead", one.channel_id): 2}
     with engine.begin() as conn:
-        seen, deleted, effects = maintain.purge_batch(conn, dialect, now + 61 * US, 1)
+        seen, deleted, effects = maintain.purge_batch(
+            conn, dialect, now + 61 * US, 1, dead_letter_expired=False, default_ttl_us=0
+        )
     assert (seen, deleted) == (1, 1)  # one batch of one: the caller loops
     assert counts(effects) == {("purged", one.channel_id): 1}
 

@@ -254,6 +254,36 @@ _dead_boundary = (
     .limit(1)
     .offset(_p("p_offset", sa.Integer))
 )
+#: Total body bytes of a channel's dead letters (``p_channel``).
+_dead_bytes = (
+    sa.select(sa.func.coalesce(sa.func.sum(sa.func.length(m.c.body)), 0))
+    .join_from(d, m, m.c.id == d.c.message_id)
+    .where(_dead_of_channel)
+)
+# Newest died first, each letter with the bytes of itself and of every letter
+# that died after it ((died_at, id) is unique: the window's default frame, up
+# to the current row, holds exactly those). The oldest whose running total
+# still fits ``p_max`` is the oldest kept; older ones go, by _dead_beyond.
+_running = (
+    sa.select(
+        d.c.died_at,
+        d.c.id,
+        sa.func.sum(sa.func.length(m.c.body))
+        .over(order_by=(d.c.died_at.desc(), d.c.id.desc()))
+        .label("running"),
+    )
+    .join_from(d, m, m.c.id == d.c.message_id)
+    .where(_dead_of_channel)
+    .subquery("running")
+)
+#: (died_at, id) of the oldest dead letter kept under a bytes bound
+#: (``p_channel``, ``p_max``); no row: not even the newest fits.
+_dead_bytes_boundary = (
+    sa.select(_running.c.died_at, _running.c.id)
+    .where(_running.c.running <= _p("p_max"))
+    .order_by(_running.c.died_at, _running.c.id)
+    .limit(1)
+)
 _dead_beyond = (
     sa.select(d.c.id)
     .where(
@@ -266,6 +296,52 @@ _dead_beyond = (
     .order_by(d.c.died_at, d.c.id)
     .limit(_p("p_limit", sa.Integer))
 )
+
+# -- TTL purge: dead letters on expiry (DESIGN §9) -------------------------------------
+
+_expiring_topics = sa.select(m.c.topic_id).where(m.c.id.in_(_ids()))
+#: The channels of the topics of messages ``p_ids`` whose live deliveries become
+#: dead letters when their message expires, by the client's default: the setting
+#: True (default False), or True or unset (default True). A scan of the
+#: channels of those topics through their unique index.
+DYING_CHANNELS = {
+    default: sa.select(channels.c.id)
+    .where(
+        channels.c.topic_id.in_(_expiring_topics),
+        sa.or_(
+            channels.c.dead_letter_expired.is_(None), channels.c.dead_letter_expired == sa.true()
+        )
+        if default
+        else channels.c.dead_letter_expired == sa.true(),
+    )
+    .order_by(channels.c.id)
+    for default in (False, True)
+}
+#: The live deliveries (ready, pending, parked, leased, deferred) of messages
+#: ``p_ids`` in channels ``p_channels``, locked in id order.
+_expiring = (
+    sa.select(d.c.id, d.c.channel_id, d.c.message_id, d.c.group_key)
+    .where(
+        d.c.message_id.in_(_ids()),
+        d.c.channel_id.in_(_ids("p_channels")),
+        d.c.state != STATE_DEAD,
+    )
+    .order_by(d.c.id)
+    .with_for_update()
+)
+_die_expired = (
+    sa.update(d)
+    .where(d.c.id.in_(_ids()), d.c.state != STATE_DEAD)
+    .values(
+        state=STATE_DEAD,
+        visible_at=DEAD_VISIBLE_AT,
+        lease_token=None,
+        attempt_id=None,
+        dead_reason="expired",
+        died_at=_p("p_now"),
+    )
+)
+_keep_messages = sa.update(m).where(m.c.id.in_(_ids())).values(expires_at=_p("p_expires"))
 
 # -- messages ---------------------------------------------------------------------------
 

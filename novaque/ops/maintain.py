@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from datetime import date
 from typing import Any
 
@@ -51,11 +52,19 @@ def count_purged(channel_ids: list[int], now: int, tally: Tally) -> None:
 
 
 def delete_deliveries_of(
-    conn: sa.Connection, dialect: dialects.Dialect, now: int, message_ids: list[int], tally: Tally
+    conn: sa.Connection,
+    dialect: dialects.Dialect,
+    now: int,
+    message_ids: list[int],
+    tally: Tally,
+    spare: sa.ColumnElement[bool] | None = None,
 ) -> None:
-    """Delete every delivery of messages ``message_ids``, counted as purged in
-    ``tally``; the groups whose heads went move on."""
-    where = d.c.message_id.in_(message_ids)
+    """Delete every delivery of messages ``message_ids`` (but those matching
+    ``spare``), counted as purged in ``tally``; the groups whose heads went
+    move on."""
+    where: sa.ColumnElement[bool] = d.c.message_id.in_(message_ids)
+    if spare is not None:
+        where = sa.and_(where, sa.not_(spare))
     members = _groups.members_of(conn, where)
     count_purged(dialect.delete_deliveries(conn, where), now, tally)
     _groups.leave(conn, dialect, members)
@@ -132,9 +141,25 @@ def reap_batch(conn: sa.Connection, dialect: dialects.Dialect, now: int, batch: 
 # -- TTL purge --------------------------------------------------------------------------
 
 
-def purge_batch(conn: sa.Connection, dialect: dialects.Dialect, now: int, batch: int) -> Batch:
+def purge_batch(
+    conn: sa.Connection,
+    dialect: dialects.Dialect,
+    now: int,
+    batch: int,
+    *,
+    dead_letter_expired: bool,
+    default_ttl_us: int,
+) -> Batch:
     """Delete up to ``batch`` messages past their TTL with their deliveries: how
-    many (twice: seen and deleted), and the purged deliveries to count."""
+    many messages were seen and how many deleted, and the deliveries to count.
+
+    On channels whose ``dead_letter_expired`` setting (None: the client's
+    ``dead_letter_expired``) is true, a live delivery (ready, pending, parked,
+    leased, deferred) becomes a dead letter with reason ``"expired"`` instead
+    (counted ``dead``), and its message is kept ``default_ttl_us`` longer: the
+    next purge after that takes it with its letters. Dead letters, and the live
+    deliveries of the other channels, are deleted (counted ``purged``).
+    """
     tally = Tally()
     # Locked (skipping messages another purge or a replay holds), and the
     # expiry checked on the latest committed row: a replay that has just
@@ -151,9 +176,54 @@ def purge_batch(conn: sa.Connection, dialect: dialects.Dialect, now: int, batch:
     ]
     if not ids:
         return 0, 0, Effects(tally=tally)
-    delete_deliveries_of(conn, dialect, now, ids, tally)
-    conn.execute(sa.delete(messages).where(messages.c.id.in_(ids)))
-    return len(ids), len(ids), Effects(tally=tally)
+    # Dead letters on expiry: the live deliveries of the batch in channels that
+    # keep them are locked (in id order) before anything else is deleted, so
+    # that none of them changes state meanwhile and "live in such a channel"
+    # spares exactly those rows from the delete.
+    dying = [
+        int(r[0]) for r in conn.execute(_sql.DYING_CHANNELS[dead_letter_expired], {"p_ids": ids})
+    ]
+    expiring = (
+        conn.execute(_sql._expiring, {"p_ids": ids, "p_channels": dying}).all() if dying else []
+    )
+    spare = sa.and_(d.c.channel_id.in_(dying), d.c.state != STATE_DEAD) if expiring else None
+    delete_deliveries_of(conn, dialect, now, ids, tally, spare)
+    kept = _bury_expired(conn, dialect, now, expiring, tally)
+    if kept:
+        params = {"p_ids": sorted(kept), "p_expires": now + default_ttl_us}
+        conn.execute(_sql._keep_messages, params)
+    gone = [i for i in ids if i not in kept]
+    if gone:
+        conn.execute(sa.delete(messages).where(messages.c.id.in_(gone)))
+    return len(ids), len(gone), Effects(tally=tally)
+
+
+#: Deliveries made dead letters per statement (bounds the statement's parameters).
+BURY_CHUNK = 1000
+
+
+def _bury_expired(
+    conn: sa.Connection,
+    dialect: dialects.Dialect,
+    now: int,
+    rows: Sequence[Any],
+    tally: Tally,
+) -> set[int]:
+    """Make the locked live deliveries ``rows`` (id, channel id, message id,
+    group key) of expired messages dead letters with reason ``"expired"``,
+    counted ``dead``; return the ids of their messages (to keep)."""
+    if not rows:
+        return set()
+    died = [int(r[0]) for r in rows]
+    for i in range(0, len(died), BURY_CHUNK):
+        conn.execute(_sql._die_expired, {"p_ids": died[i : i + BURY_CHUNK], "p_now": now})
+    tally.add("dead", day_of(now), Counter(int(r[1]) for r in rows))
+    # Heads that died: their groups move on (parked ones that died wait no
+    # more, so the next head is a live one).
+    _groups.leave(
+        conn, dialect, [(int(r[1]), str(r[3]), int(r[0])) for r in rows if r[3] is not None]
+    )
+    return {int(r[2]) for r in rows}
 
 
 # -- dead-letter retention --------------------------------------------------------------
@@ -161,17 +231,21 @@ def purge_batch(conn: sa.Connection, dialect: dialects.Dialect, now: int, batch:
 
 def dead_bounds(
     conn: sa.Connection, dialect: dialects.Dialect, only_bounded: bool
-) -> list[tuple[int, int | None, int | None]]:
-    """(channel id, dead_max_age, dead_max_count) of every channel; with
-    ``only_bounded``, only of those with a bound of their own."""
-    query = sa.select(channels.c.id, channels.c.dead_max_age, channels.c.dead_max_count).order_by(
-        channels.c.id
-    )
+) -> list[tuple[int, int | None, int | None, int | None]]:
+    """(channel id, dead_max_age, dead_max_count, dead_max_bytes) of every
+    channel; with ``only_bounded``, only of those with a bound of their own."""
+    bounds = (channels.c.dead_max_age, channels.c.dead_max_count, channels.c.dead_max_bytes)
+    query = sa.select(channels.c.id, *bounds).order_by(channels.c.id)
     if only_bounded:
-        query = query.where(
-            sa.or_(channels.c.dead_max_age.is_not(None), channels.c.dead_max_count.is_not(None))
-        )
-    return [(int(r[0]), r[1], r[2]) for r in conn.execute(query)]
+        query = query.where(sa.or_(*(bound.is_not(None) for bound in bounds)))
+    return [
+        (int(r[0]), _int_or_none(r[1]), _int_or_none(r[2]), _int_or_none(r[3]))
+        for r in conn.execute(query)
+    ]
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def retire_older_batch(
@@ -203,6 +277,24 @@ def dead_boundary(
         _sql._dead_boundary, {"p_channel": channel_id, "p_offset": keep - 1}
     ).one_or_none()
     return None if row is None else (int(row[0]), int(row[1]))
+
+
+def dead_bytes_boundary(
+    conn: sa.Connection, dialect: dialects.Dialect, channel_id: int, max_bytes: int
+) -> tuple[int, int] | None:
+    """(died_at, id) of the oldest letter kept under a bound of ``max_bytes`` body
+    bytes (the newest that fit; older ones go); None: within bounds.
+
+    One sum of the channel's dead bytes first; over the bound, one pass over
+    its dead letters, newest died first, with a running total."""
+    params = {"p_channel": channel_id, "p_max": max_bytes}
+    total = int(conn.execute(_sql._dead_bytes, params).scalar_one())
+    if total <= max_bytes:
+        return None
+    row = conn.execute(_sql._dead_bytes_boundary, params).one_or_none()
+    if row is None:
+        return DEAD_VISIBLE_AT, 0  # not even the newest fits: delete them all
+    return int(row[0]), int(row[1])
 
 
 def retire_beyond_batch(

@@ -13,6 +13,7 @@ from novaque import _filters, _validate, dialects
 from novaque._stats import Tally
 from novaque._time import day_of
 from novaque.dialects.base import plain_channel
+from novaque.errors import DedupConflict
 from novaque.ops import Effects, _groups
 from novaque.ops.maintain import stats_rows
 from novaque.ops.topology import topic_id_in
@@ -20,6 +21,8 @@ from novaque.schema import (
     ORDERINGS,
     PARKED_OFFSET,
     STATE_READY,
+    Body,
+    ExactKey,
     channels,
     deliveries,
     messages,
@@ -259,7 +262,10 @@ def _write_messages(
 ) -> tuple[list[int], Counter[int], list[int], bool]:
     """Insert messages and their deliveries to plain channels: the ids in order,
     the deliveries per channel, the ids of the messages stored (a repeated dedup
-    key stores none), and whether the topic has routed channels."""
+    key stores none), and whether the topic has routed channels.
+
+    A dedup key held with another body, headers or group raises
+    :class:`DedupConflict` and leaves nothing of the call written."""
     for row in rows:
         row["topic_id"] = topic_id
     if all(row["dedup_key"] is None for row in rows):
@@ -282,8 +288,23 @@ def _write_messages(
             new_ids += chunk_ids
             counts.update(chunk_counts)
         return new_ids, counts, new_ids, special
-    ids: list[int | None] = [None] * len(rows)
-    fresh: list[int] = []  # ids of the messages really inserted
+    ids: dict[int, int] = {}  # row index: message id
+    new_at: list[int] = []  # indexes of the rows really inserted
+    # The keyed rows first: a conflict is found before anything else of the
+    # call is written, and what it wrote so far (keyed messages without
+    # deliveries) is deleted before raising, so a caller's transaction that
+    # goes on holds nothing of the call.
+    try:
+        for i, row in enumerate(rows):
+            if row["dedup_key"] is not None:
+                ids[i], inserted = _insert_deduplicated(conn, dialect, row)
+                if inserted:
+                    new_at.append(i)
+    except DedupConflict:
+        if new_at:
+            written = sorted(ids[i] for i in new_at)
+            conn.execute(sa.delete(messages).where(messages.c.id.in_(written)))
+        raise
     plain = [i for i, row in enumerate(rows) if row["dedup_key"] is None]
     for chunk in _chunks(plain, rows):
         for i, message_id in zip(
@@ -292,12 +313,8 @@ def _write_messages(
             strict=True,
         ):
             ids[i] = message_id
-            fresh.append(message_id)
-    for i, row in enumerate(rows):
-        if row["dedup_key"] is not None:
-            ids[i], inserted = _insert_deduplicated(conn, dialect, row)
-            if inserted:
-                fresh.append(ids[i])  # type: ignore[arg-type]
+            new_at.append(i)
+    fresh = [ids[i] for i in sorted(new_at)]  # deliveries in the order of the bodies
     fanout: Counter[int] = Counter()
     special = False
     if fresh:
@@ -305,29 +322,59 @@ def _write_messages(
             conn, topic, topic_id, fresh, visible, rows[0]["max_attempts"]
         )
         fanout.update(counts_fresh)
-    return [int(i) for i in ids if i is not None], fanout, fresh, special
+    return [ids[i] for i in range(len(rows))], fanout, fresh, special
 
 
 def _insert_deduplicated(
     conn: sa.Connection, dialect: dialects.Dialect, row: dict[str, Any]
 ) -> tuple[int, bool]:
-    # A locking read sees the latest committed row even when the caller's
-    # transaction is REPEATABLE READ (MySQL's default), whose snapshot may
-    # predate the winner's commit.
-    lookup = (
-        sa.select(messages.c.id)
-        .where(messages.c.topic_id == row["topic_id"], messages.c.dedup_key == row["dedup_key"])
-        .with_for_update(read=True)
-    )
+    """Insert a message with a dedup key: its id and True, or the id of the
+    message holding the key and False when that one has the same body, headers
+    and group; raise :class:`DedupConflict` when it has not.
+
+    The unique index decides (two publishers of one key at once: one inserts,
+    the other waits for it to commit, then finds it); the holder is read with
+    a locking read, which sees the latest committed row even when the
+    caller's transaction is REPEATABLE READ (MySQL's default), whose snapshot
+    may predate the winner's commit. Its body is compared in the database
+    (bytes, exactly), its headers and group here (MySQL compares text by
+    collation).
+    """
+    params = {"p_topic_id": row["topic_id"], "p_key": row["dedup_key"], "p_body": row["body"]}
     for _ in range(5):
         inserted = dialect.insert_deduplicated(conn, row)
         if inserted is not None:
             return inserted, True
-        existing = conn.execute(lookup).scalar_one_or_none()
+        existing = conn.execute(_key_holder, params).one_or_none()
         if existing is not None:
-            return int(existing), False
+            holder, same_body, stored_headers, group = existing
+            if (
+                not same_body
+                or group != row["group_key"]
+                or _validate.decode_headers(stored_headers)
+                != _validate.decode_headers(row["headers"])
+            ):
+                raise DedupConflict(row["dedup_key"], int(holder))
+            return int(holder), False
         # The holder of the key was purged in between: try the insert again.
     raise RuntimeError(f"could not settle dedup_key {row['dedup_key']!r}")  # pragma: no cover
+
+
+#: The message holding a dedup key, whether its body is ``p_body``, its
+#: headers and group: a locking read by the unique index (see above).
+_key_holder = (
+    sa.select(
+        messages.c.id,
+        sa.case((messages.c.body == sa.bindparam("p_body", type_=Body), 1), else_=0),
+        messages.c.headers,
+        messages.c.group_key,
+    )
+    .where(
+        messages.c.topic_id == sa.bindparam("p_topic_id"),
+        messages.c.dedup_key == sa.bindparam("p_key", type_=ExactKey()),
+    )
+    .with_for_update(read=True)
+)
 
 
 def _chunks(indexes: list[int], rows: list[dict[str, Any]]) -> Iterator[list[int]]:
