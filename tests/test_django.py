@@ -66,13 +66,7 @@ def project(backend: Backend, tmp_path: Path) -> Project:
     the channels orders/mailer and orders/audit."""
     made = Project(backend.scratch_url(tmp_path))
     made.manage("migrate", "-v0")
-    made.manage("novaque", "migrate")
-    client = novaque.connect(made.url)
-    try:
-        for channel in ("mailer", "audit"):
-            client.ensure_channel("orders", channel)
-    finally:
-        client.shutdown(timeout=10)
+    made.manage("novaque", "migrate")  # creates the channels of NOVAQUE["CONSUMERS"]
     return made
 
 
@@ -123,8 +117,14 @@ def test_publish_outside_atomic_is_one_transaction(project: Project) -> None:
 def test_migrate_command_applies_novaque_migrations_once(project: Project) -> None:
     again = project.manage("novaque", "migrate")
     assert f"novaque schema at revision {_migrate.head()}" in again.stdout
+    assert "channels ready: orders/mailer, orders/audit" in again.stdout
     with project.engine().connect() as conn:
         assert _migrate.current(conn) == _migrate.head()
+    client = novaque.connect(project.url)
+    try:
+        assert client.list_channels("orders") == ["audit", "mailer"]
+    finally:
+        client.shutdown(timeout=10)
 
 
 def test_run_command_consumes_until_sigterm(project: Project) -> None:
@@ -242,3 +242,88 @@ def test_database_settings_map_to_sqlalchemy_urls(monkeypatch: pytest.MonkeyPatc
     )
     with pytest.raises(novaque.InvalidOption, match="the supported engines are"):
         url(ENGINE="django.db.backends.oracle", NAME="x")
+
+
+MANAGE_PY = """\
+import os
+import sys
+
+if __name__ == "__main__":
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mysite.settings")
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(sys.argv)
+"""
+
+
+def test_the_guide_project_publishes_and_consumes(tmp_path: Path) -> None:
+    """The guide's Django chapter, as a project of its own on SQLite: its
+    files, Django's own manage.py, and the commands the guide shows."""
+    from tests.test_docs import blocks, marker
+
+    files = {
+        marker(b).removeprefix("file: "): b
+        for b in blocks("docs/guide.md")
+        if marker(b).startswith("file: ")
+    }
+    for name in ("mysite/settings.py", "shop/models.py", "shop/orders.py", "shop/handlers.py"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(files[name])
+    (tmp_path / "mysite" / "__init__.py").write_text("")
+    (tmp_path / "shop" / "__init__.py").write_text("")
+    (tmp_path / "manage.py").write_text(MANAGE_PY)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DJANGO_"))}
+
+    def manage(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    manage("makemigrations", "shop", "-v0")
+    manage("migrate", "-v0")
+    migrated = manage("novaque", "migrate")
+    assert f"sqlite:///shop.db: novaque schema at revision {_migrate.head()}" in migrated
+    assert "channels ready: orders/mailer, orders/stock" in migrated
+    placed = manage(
+        "shell",
+        "-c",
+        "from shop.orders import place_order; print(place_order('ada@example.com').pk)",
+    )
+    order_id = int(placed.split()[-1])
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "novaque", "run"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        engine = sa.create_engine(f"sqlite:///{tmp_path / 'shop.db'}", poolclass=sa.NullPool)
+        deadline = time.monotonic() + 60
+        confirmed = False
+        while not confirmed and time.monotonic() < deadline and proc.poll() is None:
+            with engine.connect() as conn:
+                confirmed = bool(
+                    conn.exec_driver_sql(
+                        "SELECT confirmed FROM shop_order WHERE id = ?", (order_id,)
+                    ).scalar_one()
+                )
+            time.sleep(0.1)  # polling another process, not waiting for time to pass
+        assert confirmed, proc.communicate(timeout=60) if proc.poll() is not None else "timeout"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+    assert proc.returncode == 0, out + err
+    assert "novaque: consuming orders/mailer (shop.handlers.send_confirmation)" in out

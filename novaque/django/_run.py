@@ -16,7 +16,7 @@ import novaque
 from novaque.django._connect import novaque_settings
 from novaque.errors import InvalidOption
 
-__all__ = ["Planned", "planned_consumers", "run_consumers"]
+__all__ = ["Planned", "consumer_names", "planned_consumers", "run_consumers"]
 
 #: The options of a consumer's dict form, besides ``handler``.
 SUBSCRIBE_OPTIONS = ("max_in_flight", "lease", "backoff", "poll_interval")
@@ -38,15 +38,16 @@ class Planned:
         return f"{self.topic}/{self.channel}"
 
 
+def consumer_names() -> list[tuple[str, str]]:
+    """The (topic, channel) of every consumer of ``settings.NOVAQUE["CONSUMERS"]``
+    (their handlers not imported)."""
+    return [(p.topic, p.channel) for p in _configured_plans(load=False)]
+
+
 def planned_consumers(only: Sequence[str] = ()) -> list[Planned]:
     """The consumers of ``settings.NOVAQUE["CONSUMERS"]`` (those named in ``only``, if any),
     their handlers imported; :class:`~novaque.InvalidOption` names what is wrong."""
-    configured = novaque_settings().get("CONSUMERS") or {}
-    if not isinstance(configured, Mapping):
-        raise InvalidOption(
-            'settings.NOVAQUE["CONSUMERS"] must be a dict of "topic/channel": handler, '
-            f"got {type(configured).__name__}"
-        )
+    configured = _configured()
     if not configured:
         raise InvalidOption(
             'no consumers to run: settings.NOVAQUE["CONSUMERS"] is empty or unset '
@@ -61,7 +62,21 @@ def planned_consumers(only: Sequence[str] = ()) -> list[Planned]:
     return [_plan(name, configured[name]) for name in (only or list(configured))]
 
 
-def _plan(name: Any, spec: Any) -> Planned:
+def _configured() -> Mapping[str, Any]:
+    configured = novaque_settings().get("CONSUMERS") or {}
+    if not isinstance(configured, Mapping):
+        raise InvalidOption(
+            'settings.NOVAQUE["CONSUMERS"] must be a dict of "topic/channel": handler, '
+            f"got {type(configured).__name__}"
+        )
+    return configured
+
+
+def _configured_plans(*, load: bool) -> list[Planned]:
+    return [_plan(name, spec, load=load) for name, spec in _configured().items()]
+
+
+def _plan(name: Any, spec: Any, *, load: bool = True) -> Planned:
     where = f'settings.NOVAQUE["CONSUMERS"][{name!r}]'
     if not isinstance(name, str) or name.count("/") != 1:
         raise InvalidOption(f'{where}: a consumer is named "topic/channel"')
@@ -82,6 +97,8 @@ def _plan(name: Any, spec: Any) -> Planned:
             f"{where} must be the dotted path of a handler, or a dict with 'handler' "
             f"(a dotted path) and subscribe options, got {spec!r}"
         )
+    if not load:
+        return Planned(topic, channel, path, _not_loaded, options)
     try:
         handler = import_string(path)
     except ImportError as exc:
@@ -89,6 +106,10 @@ def _plan(name: Any, spec: Any) -> Planned:
     if not callable(handler):
         raise InvalidOption(f"{where}: {path!r} is not callable")
     return Planned(topic, channel, path, handler, options)
+
+
+def _not_loaded(msg: novaque.Message) -> None:
+    raise RuntimeError("handler not imported")
 
 
 def in_django(handler: Callable[[novaque.Message], None]) -> Callable[[novaque.Message], None]:
