@@ -975,6 +975,15 @@ def _run_pending(conn: sa.Connection) -> None:
         callback()
 
 
+def take_after_commit(conn: sa.Connection) -> list[Callable[[], None]]:
+    """Take the callbacks waiting for the commit of ``conn`` away from it: for a
+    connection committed by someone SQLAlchemy does not see (Django's), who
+    runs them at that commit instead."""
+    with _pending_lock:
+        waiting = _pending.pop(conn, [])
+    return [callback for _, callback in waiting]
+
+
 def _drop_pending(conn: sa.Connection) -> None:
     with _pending_lock:
         _pending[conn] = []

@@ -334,9 +334,7 @@ def _after_django_commit(conn: sa.Connection, using: str) -> None:
     publish, wake this process's consumers) to Django's ``on_commit``: Django,
     not SQLAlchemy, commits this connection. A rollback of Django's block or
     savepoint discards it with Django's own hooks."""
-    with _core._pending_lock:
-        waiting = _core._pending.pop(conn, [])
-    callbacks = [callback for _, callback in waiting]
+    callbacks = _core.take_after_commit(conn)
     if callbacks:
         transaction.on_commit(functools.partial(_run_all, callbacks), using=using, robust=True)
 
