@@ -127,8 +127,7 @@ def test_a_deferred_delivery_is_set_aside_until_claim_deferred_names_it(
 def test_defer_is_fenced_and_counts_nothing(backend: Backend, client: novaque.Client) -> None:
     client.ensure_channel("t", "c")
     client.publish("t", b"x")
-    [first] = client.claim("t", "c", lease=5)
-    client.run_maintenance()
+    [first] = client.claim("t", "c")
     client.requeue(first, delay=0)
     [second] = client.claim("t", "c")
     before = rows(backend)
