@@ -650,20 +650,48 @@ class CoreClient:
         *,
         max_messages: int = 1,
         lease: Duration | None = None,
+        wait: Duration | None = None,
+        attempt_id: str | None = None,
     ) -> list[Message]:
         """Lease up to ``max_messages`` due deliveries of a channel, oldest first.
 
         Returns ``[]`` when nothing is due. Each delivery's attempt counter goes
-        up by one. Settle each message with :meth:`ack`, :meth:`requeue` or
-        :meth:`reject` before ``lease`` runs out (or :meth:`renew` it); an
-        expired lease makes the delivery claimable again.
+        up by one. Settle each message with :meth:`ack`, :meth:`requeue`,
+        :meth:`snooze`, :meth:`defer` or :meth:`reject` before ``lease`` runs
+        out (or :meth:`renew` it); an expired lease makes the delivery
+        claimable again.
+
+        ``wait`` (0 < wait <= 300 s): when nothing is due, wait up to that long
+        (real time) for a delivery instead of returning ``[]`` at once; a
+        publish in this process or a PostgreSQL ``NOTIFY`` wakes the wait,
+        else it polls every ``Options.poll_interval``. No connection is held
+        while it waits.
+
+        ``attempt_id`` (1-200 characters) makes the claim idempotent: a claim
+        that repeats it on the channel while deliveries are leased under it
+        (and their leases have not expired) returns those deliveries, with
+        the same tokens and attempt counts, and claims nothing new, even on a
+        paused channel; once none is leased under it, it claims afresh.
         """
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
         check_int(max_messages, "max_messages", 1, MAX_CLAIM)
         lease_s = _validate.lease(lease, self._default_lease)
-        channel_id = self._channel_id(topic, channel)
-        return self._claim(topic, channel, channel_id, max_messages, lease_s, lease is None)
+        wait_s = _validate.wait(wait)
+        attempt = _validate.attempt_id(attempt_id)
+
+        def fetch() -> list[Message]:
+            return self._claim(
+                topic,
+                channel,
+                self._channel_id(topic, channel),
+                max_messages,
+                lease_s,
+                lease is None,
+                attempt,
+            )
+
+        return fetch() if wait_s is None else self._long_poll(topic, channel, fetch, wait_s)
 
     def _claim(
         self,
@@ -673,18 +701,134 @@ class CoreClient:
         limit: int,
         lease_s: float,
         channel_lease: bool = False,
+        attempt_id: str | None = None,
     ) -> list[Message]:
         """Claim with ``lease_s``; with ``channel_lease`` the channel's own lease,
-        when it has one, replaces it."""
+        when it has one, replaces it (``attempt_id``: see :meth:`claim`)."""
         token = secrets.token_hex(16)
-        rows, now, effects = self._run_timed(
-            "claim", consume.claim, channel_id, limit, int(lease_s * US), token, channel_lease
+        return self._hand_out(
+            topic,
+            channel,
+            channel_id,
+            token,
+            "claim" if attempt_id is None else "",
+            consume.claim,
+            limit,
+            int(lease_s * US),
+            token,
+            channel_lease,
+            attempt_id,
         )
+
+    def _hand_out(
+        self,
+        topic: str,
+        channel: str,
+        channel_id: int,
+        token: str,
+        op: str,
+        fn: Callable[
+            Concatenate[sa.Connection, dialects.Dialect, int, int, P],
+            tuple[list[dialects.ClaimedRow], int, Effects],
+        ],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> list[Message]:
+        """Run the operation ``fn`` that hands deliveries of the channel out (its
+        rows, its time, its effects; ``op``: as for :meth:`_run`): their
+        messages, leased with ``token``."""
+        rows, now, effects = self._run_timed(op, fn, channel_id, *args, **kwargs)
+        self._apply(effects)
         if not rows:
             self._channel_maybe_gone(topic, channel)
             return []
-        self._apply(effects)
         return consume.messages_of(rows, topic, channel, channel_id, token, now)
+
+    def _long_poll(
+        self, topic: str, channel: str, fetch: Callable[[], list[Message]], wait_s: float
+    ) -> list[Message]:
+        """Call ``fetch`` (of ``topic``/``channel``) until it returns something, or
+        return ``[]`` once ``wait_s`` seconds of real time have passed (the
+        runtime's: :class:`~novaque._runtime.RuntimeClient`)."""
+        raise NotImplementedError
+
+    def pop(
+        self,
+        topic: str,
+        channel: str,
+        *,
+        max_messages: int = 1,
+        wait: Duration | None = None,
+    ) -> list[Message]:
+        """Receive-and-delete: take up to ``max_messages`` due deliveries of a
+        channel, oldest first, and delete them in the same transaction.
+
+        At-most-once: a message popped is gone from the channel even if the
+        caller then fails. Counted ``claimed`` and ``acked``; each message's
+        ``attempts`` counts this one. The messages carry no lease
+        (``lease_token == ""``): settling one raises :class:`LeaseLost`.
+        Ordering applies (a popped head lets its group's next delivery go, as
+        an ack does), and a paused channel gives ``[]``. ``wait``: as for
+        :meth:`claim`.
+        """
+        _validate.name(topic, "topic")
+        _validate.name(channel, "channel")
+        check_int(max_messages, "max_messages", 1, MAX_CLAIM)
+        wait_s = _validate.wait(wait)
+
+        def fetch() -> list[Message]:
+            channel_id = self._channel_id(topic, channel)
+            return self._hand_out(topic, channel, channel_id, "", "", consume.pop, max_messages)
+
+        return fetch() if wait_s is None else self._long_poll(topic, channel, fetch, wait_s)
+
+    def claim_deferred(
+        self,
+        topic: str,
+        channel: str,
+        delivery_ids: Iterable[int],
+        *,
+        lease: Duration | None = None,
+    ) -> list[Message]:
+        """Lease the deferred deliveries of a channel named by ``delivery_ids``
+        (``Message.delivery_id`` of each message given to :meth:`defer`).
+
+        As :meth:`claim` does: each attempt counted, the lease ``lease`` (the
+        channel's own when None, else ``Options.default_lease``), the
+        messages in delivery-id order. Ids that are not deferred deliveries
+        of this channel are ignored (at most 1000 ids per call), and a paused
+        channel gives ``[]``. On an ordered channel a deferred delivery is
+        leased only if its group has no head (it then becomes the head);
+        otherwise it stays deferred. One whose attempts are all spent (it
+        was deferred on its last attempt) becomes a dead letter instead, with
+        reason ``max_attempts`` (counted ``dead``): ``requeue_dead`` gives it
+        fresh attempts.
+        """
+        _validate.name(topic, "topic")
+        _validate.name(channel, "channel")
+        ids = _validate.ids(delivery_ids, "delivery_ids")
+        if len(ids) > MAX_CLAIM:
+            raise InvalidOption(
+                f"delivery_ids has {len(ids)} ids; at most {MAX_CLAIM} are claimed at once"
+            )
+        lease_s = _validate.lease(lease, self._default_lease)
+        channel_id = self._channel_id(topic, channel)
+        if not ids:
+            return []
+        token = secrets.token_hex(16)
+        return self._hand_out(
+            topic,
+            channel,
+            channel_id,
+            token,
+            "",
+            consume.claim_deferred,
+            ids,
+            int(lease_s * US),
+            token,
+            lease is None,
+        )
 
     def _ack_and_claim(
         self,
@@ -778,8 +922,39 @@ class CoreClient:
         if msg.attempts >= msg.max_attempts:
             self._bury(msg, "max_attempts", error)
             return
+        self._put_back(msg, delay_s, error, within_ttl=within_ttl)
+
+    def snooze(self, msg: Message, delay: Duration) -> None:
+        """Give ``msg`` back for ``delay`` without spending its attempt.
+
+        The delivery is due again ``delay`` from now with ``attempts`` as
+        before the claim (so a snooze never brings it closer to
+        ``max_attempts``, and one snoozed on its first attempt counts as never
+        attempted) and its last error kept; counted ``requeued``. On an
+        ordered channel a snoozed head stays its group's head. A positive
+        ``delay`` that would make it due only at or after the message's
+        expiry raises :class:`InvalidOption` and changes nothing, as for
+        :meth:`requeue`. Raises :class:`LeaseLost` if the lease is no longer
+        current.
+        """
+        delay_s = _validate.retry_delay(delay)
+        self._snooze(msg, delay_s, within_ttl=delay_s > 0)
+
+    def _snooze(self, msg: Message, delay_s: float, *, within_ttl: bool = False) -> None:
+        self._put_back(msg, delay_s, None, within_ttl=within_ttl, refund=True)
+
+    def _put_back(
+        self,
+        msg: Message,
+        delay_s: float,
+        error: str | None,
+        *,
+        within_ttl: bool,
+        refund: bool = False,
+    ) -> None:
+        """Make ``msg`` due again after ``delay_s`` (a retry, or with ``refund`` a snooze)."""
         changed, effects = self._run_timed(
-            "settle", consume.requeue, msg, int(delay_s * US), error, within_ttl
+            "settle", consume.requeue, msg, int(delay_s * US), error, within_ttl, refund
         )
         if not changed:
             if within_ttl:
@@ -807,8 +982,35 @@ class CoreClient:
         self._bury(msg, _validate.reason(reason), None)
 
     def _bury(self, msg: Message, reason: str, error: str | None) -> None:
+        self._leave(msg, consume.kill, reason, error)
+
+    def defer(self, msg: Message) -> None:
+        """Set ``msg`` aside: its delivery becomes ``"deferred"``.
+
+        A deferred delivery is never claimed, by :meth:`claim` or a consumer;
+        it stays (``Backlog.deferred``, ``get_message``) until its message's
+        TTL purges it, or until :meth:`claim_deferred` names its
+        ``msg.delivery_id``. Its attempt stays counted; nothing else is
+        counted (the delivery is still live). On an ordered channel the
+        group's next delivery goes on at once. Raises :class:`LeaseLost` if
+        the lease is no longer current.
+        """
+        self._leave(msg, consume.defer)
+
+    def _leave(
+        self,
+        msg: Message,
+        fn: Callable[
+            Concatenate[sa.Connection, dialects.Dialect, int, Message, P], tuple[bool, Effects]
+        ],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> None:
+        """Settle ``msg`` with ``fn`` (whether its lease was current, and its
+        effects), which moves its group on when it is ordered."""
         op = "" if consume.ordered([msg]) else "settle"
-        changed, effects = self._run_timed(op, consume.kill, msg, reason, error)
+        changed, effects = self._run_timed(op, fn, msg, *args, **kwargs)
         if not changed:
             raise LeaseLost(_lost_text(msg))
         self._apply(effects)

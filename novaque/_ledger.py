@@ -26,7 +26,7 @@ SETTLE_MAX_FAILURES = 30
 
 Key = tuple[int, str]  # (delivery id, lease token)
 #: What a handler's result means (see :func:`novaque._settle.outcome_of`).
-Kind = Literal["ack", "retry", "reject"]
+Kind = Literal["ack", "retry", "reject", "defer", "snooze"]
 
 
 def key(msg: Message) -> Key:
@@ -40,7 +40,7 @@ class Outcome:
     kind: Kind
     msg: Message
     text: str | None = None  # last error (retry) or reason (reject)
-    delay: float = 0.0  # retry delay in seconds
+    delay: float = 0.0  # retry or snooze delay in seconds
     failures: int = 0  # failed writes in a row
 
 

@@ -9,9 +9,10 @@
   their intervals. Every job is safe to run in many processes at once; a
   failure is logged at ERROR and the job is tried again after a backoff;
 - on databases that push wake-ups (PostgreSQL ``LISTEN``/``NOTIFY``), one
-  listening connection per client that wakes the local consumers of the
-  notified topic. It reconnects when the connection drops and then wakes
-  every consumer once, since a notification may have been missed.
+  listening connection per client that wakes the local consumers and long
+  polls (``claim(wait=)``, ``pop(wait=)``) of the notified topic, held while
+  any of them runs. It reconnects when the connection drops and then wakes
+  every one once, since a notification may have been missed.
 
 Each loop is a thread for :class:`novaque.Client` and a task for the asyncio
 twin (``_waits``: :mod:`novaque._waits`).
@@ -32,7 +33,7 @@ import sqlalchemy as sa
 from novaque import _validate
 from novaque._core import CoreClient
 from novaque._signals import Signals
-from novaque._waits import THREADS, Event, Runner, Waits
+from novaque._waits import THREADS, Event, Runner, Waits, jittered
 from novaque.consumer import Consumer, Handler, RetryDelay
 from novaque.dialects import NotifyListener
 from novaque.errors import InvalidOption, SchemaOutOfDate
@@ -79,8 +80,8 @@ class _Listening:
 class RuntimeClient(CoreClient):
     """Consumers, background maintenance and wake-ups on top of the core client."""
 
-    #: How the background loops run and wait: threads here, tasks for the
-    #: asyncio twin.
+    #: How the background loops and long polls run and wait: threads here,
+    #: tasks for the asyncio twin.
     _waits: Waits = THREADS
 
     def __init__(self, engine: sa.Engine, options: Options | None = None) -> None:
@@ -91,6 +92,8 @@ class RuntimeClient(CoreClient):
         self._maintenance: Runner | None = None
         self._maintenance_stop = self._waits.event()
         self._listening: _Listening | None = None
+        #: Long polls waiting now (they share the listener with the consumers).
+        self._pollers = 0
         # Counters of a client that runs no maintenance (a process that only
         # publishes) are flushed by a thread of their own while there are any.
         self._flusher_lock = threading.Lock()
@@ -220,9 +223,7 @@ class RuntimeClient(CoreClient):
         self._add_waker(consumer.topic, consumer._wake_up)
         with self._runtime_lock:
             self._running_consumers.add(consumer)
-            if self._dialect.supports_notify and self._listening is None:
-                run = self._listening = _Listening(self._waits.event())
-                run.loop = self._waits.spawn(lambda: self._listen_loop(run), "novaque-listener")
+            self._listen_locked()
 
     def _consumer_stopped(self, consumer: Consumer) -> None:
         self._remove_waker(consumer.topic, consumer._wake_up)
@@ -230,9 +231,7 @@ class RuntimeClient(CoreClient):
             self._running_consumers.discard(consumer)
             if consumer in self._consumers:
                 self._consumers.remove(consumer)
-            idle = not self._running_consumers
-        if idle:
-            self._stop_listener(timeout=5.0)
+        self._stop_listener(timeout=5.0, unless_needed=True)
 
     def _release(self, msgs: Sequence[Message]) -> int:
         """Release leased, unstarted deliveries at once; their attempt is not counted."""
@@ -252,7 +251,53 @@ class RuntimeClient(CoreClient):
             return 0
         return self._release(msgs)
 
+    # -- long polls -----------------------------------------------------------------
+
+    def _long_poll(
+        self, topic: str, channel: str, fetch: Callable[[], list[Message]], wait_s: float
+    ) -> list[Message]:
+        """Call ``fetch`` (of ``topic``/``channel``) until it returns something, or
+        return ``[]`` once ``wait_s`` seconds of real time have passed.
+
+        Between two calls it waits, holding no connection, for a wake-up of
+        ``topic`` (a publish of this client, the listener's ``NOTIFY``) or at
+        most a jittered ``Options.poll_interval``. The listener runs while
+        any long poll or consumer of the client waits. A missing channel
+        raises before the wait begins.
+        """
+        self._channel_id(topic, channel)
+        poll_s = seconds(self.options.poll_interval, "poll_interval", allow_zero=False)
+        deadline = time.monotonic() + wait_s
+        woken = self._waits.event()
+        wake = woken.set
+        self._add_waker(topic, wake)
+        with self._runtime_lock:
+            self._pollers += 1
+            self._listen_locked()
+        signals = self._runtime_signals
+        try:
+            while True:
+                woken.clear()  # before the fetch: a wake-up during it is kept
+                got = fetch()
+                signals.bump("long_poll_fetches")
+                left = deadline - time.monotonic()
+                if got or left <= 0:
+                    return got
+                woken.wait(min(left, jittered(poll_s)))
+        finally:
+            self._remove_waker(topic, wake)
+            with self._runtime_lock:
+                self._pollers -= 1
+            self._stop_listener(timeout=5.0, unless_needed=True)
+
     # -- wake-ups -------------------------------------------------------------------
+
+    def _listen_locked(self) -> None:
+        """Start the listener if the database pushes wake-ups and it is not
+        running (under ``_runtime_lock``)."""
+        if self._dialect.supports_notify and self._listening is None:
+            run = self._listening = _Listening(self._waits.event())
+            run.loop = self._waits.spawn(lambda: self._listen_loop(run), "novaque-listener")
 
     def _wake_all(self) -> None:
         with self._wake_lock:
@@ -310,8 +355,12 @@ class RuntimeClient(CoreClient):
             if listener is not None:
                 listener.close()
 
-    def _stop_listener(self, timeout: float) -> None:
+    def _stop_listener(self, timeout: float, *, unless_needed: bool = False) -> None:
+        """Stop the listener; ``unless_needed``: only if no consumer runs and no
+        long poll waits (checked under the lock that starts it)."""
         with self._runtime_lock:
+            if unless_needed and (self._running_consumers or self._pollers):
+                return
             run, self._listening = self._listening, None
         if run is None:
             return

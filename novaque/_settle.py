@@ -5,8 +5,10 @@ One place for the handler contract, shared by everything that runs handlers
 
 - :func:`outcome_of` runs a handler on one message and decides what its
   result means: return ⇒ ack; :class:`~novaque.Reject` ⇒ dead at once with
-  its reason; any other exception ⇒ retry after the backoff (dead with reason
-  ``max_attempts`` once attempts ran out);
+  its reason; :class:`~novaque.Defer` ⇒ deferred; :class:`~novaque.Snooze`
+  ⇒ due again after its delay, the attempt given back; any other exception
+  (a ``Snooze`` with a bad delay included) ⇒ retry after the backoff (dead
+  with reason ``max_attempts`` once attempts ran out);
 - :func:`write` writes one such :class:`~novaque._ledger.Outcome` through the
   client's settle calls, so a runner that writes one result at a time needs
   no rules of its own (the consumer writes acks in batches, and the rest
@@ -23,11 +25,11 @@ from typing import Protocol
 from novaque import _validate
 from novaque._ledger import Outcome
 from novaque._waits import THREADS, Waits
-from novaque.errors import Reject
+from novaque.errors import Defer, InvalidOption, Reject, Snooze
 from novaque.models import Message
 from novaque.options import Backoff
 
-__all__ = ["Settler", "buries", "outcome_of", "write"]
+__all__ = ["Settler", "buries", "outcome_of", "signal_of", "write"]
 
 
 class Settler(Protocol):
@@ -38,6 +40,10 @@ class Settler(Protocol):
     def _retry(self, msg: Message, delay_s: float, error: str | None) -> None: ...
 
     def reject(self, msg: Message, reason: str = "") -> None: ...
+
+    def defer(self, msg: Message) -> None: ...
+
+    def _snooze(self, msg: Message, delay_s: float) -> None: ...
 
 
 def outcome_of(
@@ -65,39 +71,79 @@ def outcome_of(
         log.info("message %d rejected by the handler of %s/%s", msg.id, msg.topic, msg.channel)
         reason = exc.reason
         return Outcome("reject", msg, reason if isinstance(reason, str) else str(reason))
-    except BaseException as exc:
-        text = _validate.error_text(exc)
-        log.warning(
-            "handler of %s/%s failed on message %d (attempt %d of %d): %s",
+    except Defer:
+        log.debug("message %d deferred by the handler of %s/%s", msg.id, msg.topic, msg.channel)
+        return Outcome("defer", msg)
+    except Snooze as exc:
+        try:
+            delay = _validate.retry_delay(exc.delay)
+        except InvalidOption as bad:
+            return _failed(msg, bad, backoff, log, "raised Snooze with a bad delay")
+        log.debug(
+            "message %d snoozed %.15g s by the handler of %s/%s",
+            msg.id,
+            delay,
             msg.topic,
             msg.channel,
-            msg.id,
-            msg.attempts,
-            msg.max_attempts,
-            text,
-            exc_info=exc,
         )
-        return Outcome("retry", msg, text, backoff.delay(msg.attempts))
+        return Outcome("snooze", msg, delay=delay)
+    except BaseException as exc:
+        return _failed(msg, exc, backoff, log, "failed")
     return Outcome("ack", msg)
+
+
+def _failed(
+    msg: Message, exc: BaseException, backoff: Backoff, log: logging.Logger, what: str
+) -> Outcome:
+    """A handler's failure: logged at WARNING with its traceback, retried after
+    the backoff with its ``Type: text`` as the last error."""
+    text = _validate.error_text(exc)
+    log.warning(
+        "handler of %s/%s %s on message %d (attempt %d of %d): %s",
+        msg.topic,
+        msg.channel,
+        what,
+        msg.id,
+        msg.attempts,
+        msg.max_attempts,
+        text,
+        exc_info=exc,
+    )
+    return Outcome("retry", msg, text, backoff.delay(msg.attempts))
 
 
 def buries(outcome: Outcome) -> bool:
     """Whether writing ``outcome`` makes the delivery dead (rejected, or a
     retry after the last allowed attempt)."""
-    if outcome.kind == "ack":
-        return False
-    return outcome.kind == "reject" or outcome.msg.attempts >= outcome.msg.max_attempts
+    if outcome.kind == "retry":
+        return outcome.msg.attempts >= outcome.msg.max_attempts
+    return outcome.kind == "reject"
+
+
+def signal_of(outcome: Outcome) -> str:
+    """The consumer's signal for a written outcome other than an ack."""
+    if buries(outcome):
+        return "dead"
+    return {"defer": "deferred", "snooze": "snoozed"}.get(outcome.kind, "retried")
 
 
 def write(client: Settler, outcome: Outcome) -> None:
-    """Write one outcome: ack, retry after its delay, or reject with its reason.
+    """Write one outcome: ack, retry after its delay, reject with its reason,
+    defer, or snooze for its delay.
 
-    Raises :class:`~novaque.LeaseLost` when the lease is no longer current,
-    and whatever the database raised.
+    A snooze is written as asked even when its delay reaches past the
+    message's expiry (the delivery is then purged at TTL, like a retry whose
+    backoff reaches that far). Raises :class:`~novaque.LeaseLost` when the
+    lease is no longer current, and whatever the database raised.
     """
+    msg = outcome.msg
     if outcome.kind == "ack":
-        client.ack(outcome.msg)
+        client.ack(msg)
     elif outcome.kind == "retry":
-        client._retry(outcome.msg, outcome.delay, outcome.text)
+        client._retry(msg, outcome.delay, outcome.text)
+    elif outcome.kind == "defer":
+        client.defer(msg)
+    elif outcome.kind == "snooze":
+        client._snooze(msg, outcome.delay)
     else:
-        client.reject(outcome.msg, outcome.text or "")
+        client.reject(msg, outcome.text or "")

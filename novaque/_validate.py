@@ -29,6 +29,8 @@ from novaque.schema import ORDERINGS
 _NAME = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 
 MAX_LEASE_S = 7 * 86_400.0
+#: Longest wait of a long poll (``claim(wait=)``, ``pop(wait=)``).
+MAX_WAIT_S = 300.0
 #: Headers as JSON, in UTF-8 bytes: what a TEXT column holds on every backend
 #: (MySQL/MariaDB TEXT: 65,535 bytes).
 MAX_HEADERS_BYTES = 65_535
@@ -163,6 +165,16 @@ def lease(value: Duration | None, default: Duration) -> float:
     return result
 
 
+def wait(value: Duration | None) -> float | None:
+    """A long poll's wait in seconds (0 < wait <= 300), or None for none."""
+    if value is None:
+        return None
+    result = seconds(value, "wait", allow_zero=False)
+    if result > MAX_WAIT_S:
+        raise InvalidOption(f"wait is {result:.15g} s; the limit is {MAX_WAIT_S:.15g} s")
+    return result
+
+
 def max_attempts(value: object, default: int) -> int:
     return check_int(default if value is None else value, "max_attempts", 1, MAX_ATTEMPTS)
 
@@ -187,6 +199,12 @@ def dedup_key(value: object, name: str = "dedup_key") -> str | None:
 def group(value: object) -> str | None:
     """An ordering key (``publish(group=...)``): 1-200 characters, compared exactly."""
     return dedup_key(value, "group")
+
+
+def attempt_id(value: object) -> str | None:
+    """The id of an idempotent claim (``claim(attempt_id=...)``): 1-200
+    characters, compared exactly."""
+    return dedup_key(value, "attempt_id")
 
 
 def error_text(error: object) -> str | None:

@@ -16,11 +16,21 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import random
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
-__all__ = ["TASKS", "THREADS", "Event", "Runner", "Waits", "is_async_callable", "running_loop"]
+__all__ = [
+    "TASKS",
+    "THREADS",
+    "Event",
+    "Runner",
+    "Waits",
+    "is_async_callable",
+    "jittered",
+    "running_loop",
+]
 
 
 class Event(Protocol):
@@ -71,6 +81,11 @@ class Waits(Protocol):
     def check_handler(self, handler: object) -> None:
         """Raise TypeError for a handler this runtime cannot run."""
         ...
+
+
+def jittered(delay: float) -> float:
+    """``delay`` +-50 % (idle waits, so processes do not poll in lockstep)."""
+    return delay * random.uniform(0.5, 1.5)
 
 
 def is_async_callable(fn: object) -> bool:

@@ -66,7 +66,8 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 #: A message handler of the asyncio twin: ``async def handler(msg)``; return
-#: to ack, raise to retry, raise :class:`novaque.Reject` to dead-letter.
+#: to ack, raise to retry, raise :class:`novaque.Reject` to dead-letter,
+#: :class:`novaque.Defer` to set aside, :class:`novaque.Snooze` to put back.
 AsyncHandler = Callable[[Message], Coroutine[Any, Any, object]]
 
 
@@ -297,10 +298,14 @@ class AsyncClient:
     list_topics = _bridged(Client.list_topics)
     list_channels = _bridged(Client.list_channels)
     claim = _bridged(Client.claim)
+    pop = _bridged(Client.pop)
     ack = _bridged(Client.ack)
     ack_many = _bridged(Client.ack_many)
     requeue = _bridged(Client.requeue)
+    snooze = _bridged(Client.snooze)
     reject = _bridged(Client.reject)
+    defer = _bridged(Client.defer)
+    claim_deferred = _bridged(Client.claim_deferred)
     release = _bridged(Client.release)
     renew = _bridged(Client.renew)
     run_maintenance = _bridged(Client.run_maintenance)

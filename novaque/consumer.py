@@ -29,7 +29,6 @@ is delivered again once the lease expires, instead of being held forever.
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -38,17 +37,18 @@ from typing import Protocol
 
 from novaque import _validate
 from novaque._ledger import Ledger, Outcome, split_failed
-from novaque._settle import buries, outcome_of, write
+from novaque._settle import outcome_of, signal_of, write
 from novaque._signals import Signals
 from novaque._time import US
-from novaque._waits import Runner, Waits
+from novaque._waits import Runner, Waits, jittered
 from novaque.errors import LeaseLost, SchemaOutOfDate
 from novaque.models import Message
 from novaque.options import Backoff
 
 __all__ = ["Consumer", "ConsumerHost", "Handler"]
 
-#: A message handler: return to ack, raise to retry, raise Reject to dead-letter.
+#: A message handler: return to ack, raise to retry, raise Reject to dead-letter,
+#: Defer to set the message aside, Snooze(delay) to put it back for a while.
 Handler = Callable[[Message], object]
 
 
@@ -85,6 +85,10 @@ class ConsumerHost(Protocol):
     def _retry(self, msg: Message, delay_s: float, error: str | None) -> None: ...
 
     def reject(self, msg: Message, reason: str = "") -> None: ...
+
+    def defer(self, msg: Message) -> None: ...
+
+    def _snooze(self, msg: Message, delay_s: float) -> None: ...
 
     def renew(self, msg: Message, *, lease: float | None = None) -> datetime: ...
 
@@ -130,11 +134,6 @@ class RetryDelay:
         return exc
 
 
-def jittered(delay: float) -> float:
-    """``delay`` +-50 %."""
-    return delay * random.uniform(0.5, 1.5)
-
-
 _NEW, _RUNNING, _STOPPING, _STOPPED = "new", "running", "stopping", "stopped"
 
 
@@ -145,7 +144,12 @@ class Consumer:
     contract: return ⇒ ack; raise ⇒ retry after the backoff (the exception's
     ``Type: text`` is kept as the delivery's last error), or dead with reason
     ``max_attempts`` once attempts run out; raise :class:`novaque.Reject` ⇒
-    dead at once with its reason. Error texts and reasons are stored with NUL
+    dead at once with its reason; raise :class:`novaque.Defer` ⇒ deferred
+    (see :meth:`novaque.Client.defer`); raise :class:`novaque.Snooze` ⇒ due
+    again after its delay without spending the attempt (see
+    :meth:`novaque.Client.snooze`; a bad delay counts as a failure, and a
+    delay past the message's expiry is not refused: the delivery is then
+    purged at TTL). Error texts and reasons are stored with NUL
     and lone surrogates replaced by U+FFFD, so what a handler raised cannot
     make the settle fail. A retry is due after the backoff even when that
     reaches past the message's expiry: the delivery is then purged at TTL
@@ -553,7 +557,7 @@ class Consumer:
                 failed.extend(self._settle_failed([outcome], exc))
             else:
                 self._settled(outcome.msg)
-                self._signals.bump("dead" if buries(outcome) else "retried")
+                self._signals.bump(signal_of(outcome))
         return failed
 
     def _settle_failed(self, outcomes: list[Outcome], exc: Exception) -> list[Outcome]:

@@ -148,6 +148,39 @@ def test_settling_operations_are_fenced_by_the_token(db: Any) -> None:
         assert counts(effects) == {("dead", two.channel_id): 1}
 
 
+def test_defer_claim_deferred_snooze_and_pop_count_what_they_change(db: Any) -> None:
+    engine, dialect, now = db
+    with engine.begin() as conn:
+        topology.ensure_channel(conn, dialect, now, "t", "c", {})
+        publish(conn, dialect, now, "t", b"1", b"2", b"3")
+        one, two, three = leased(conn, dialect, now, "t", "c")
+        cid = one.channel_id
+    with engine.begin() as conn:
+        changed, effects = consume.defer(conn, dialect, now, one)
+        assert changed
+        assert counts(effects) == {}  # still live: nothing to count
+        assert consume.defer(conn, dialect, now, one)[0] is False  # fenced
+        changed, effects = consume.requeue(conn, dialect, now, two, 0, None, False, True)
+        assert changed
+        assert counts(effects) == {("requeued", cid): 1}
+        token = secrets.token_hex(16)
+        rows, at, effects = consume.claim_deferred(
+            conn, dialect, now, cid, [one.delivery_id, three.delivery_id], LEASE_US, token
+        )
+    assert at == now
+    assert [(r.delivery_id, r.attempts, r.until) for r in rows] == [
+        (one.delivery_id, 2, now + LEASE_US)
+    ]
+    assert counts(effects) == {("claimed", cid): 1}
+    with engine.begin() as conn:
+        rows, at, effects = consume.pop(conn, dialect, now, cid, 10)
+        left = conn.execute(sa.select(deliveries.c.id).order_by(deliveries.c.id)).scalars().all()
+    assert at == now
+    assert [(r.delivery_id, r.attempts, r.until) for r in rows] == [(two.delivery_id, 1, now)]
+    assert counts(effects) == {("claimed", cid): 1, ("acked", cid): 1}
+    assert left == [one.delivery_id, three.delivery_id]
+
+
 def test_release_gives_unstarted_deliveries_back_without_their_attempt(db: Any) -> None:
     engine, dialect, now = db
     with engine.begin() as conn:

@@ -83,6 +83,9 @@ class ClaimedRow:
     #: (None: unordered; the group on group_fifo, "" on strict_fifo).
     group: str | None = None
     order_key: str | None = None
+    #: The lease's token where it is not the claim's own (None): a repeated
+    #: ``attempt_id`` returns leases taken by earlier claims.
+    token: str | None = None
 
 
 # -- statements shared by several dialects ------------------------------------
@@ -121,11 +124,14 @@ _claim_ids = (
     .limit(sa.bindparam("p_limit", type_=sa.Integer))
     .with_for_update(skip_locked=True)
 )
+#: What every lease writes. ``attempt_id`` too, NULL for a claim without one,
+#: so a delivery leased again never keeps the attempt id of an earlier lease.
 _lease_values = {
     "state": STATE_LEASED,
     "visible_at": _until,
     "lease_token": sa.bindparam("p_token"),
     "attempts": d.c.attempts + 1,
+    "attempt_id": sa.bindparam("p_attempt_id", None, type_=d.c.attempt_id.type),
 }
 _claim_update_returning = (
     sa.update(d)
@@ -139,6 +145,24 @@ _claim_update_returning = (
         d.c.visible_at,
         _channel_lease.label("channel_lease"),
         d.c.group_key.label("order_key"),
+    )
+)
+#: Receive-and-delete: the due deliveries the claim would lease, deleted, each
+#: returned with its message's fields (primary-key subqueries: RETURNING
+#: cannot join) and its attempt counted.
+_pop_delete_returning = (
+    sa.delete(d)
+    .where(d.c.id.in_(_claim_ids.scalar_subquery()))
+    .returning(
+        d.c.id,
+        d.c.message_id,
+        d.c.attempts + 1,
+        d.c.max_attempts,
+        *(
+            sa.select(col).where(m.c.id == d.c.message_id).correlate(d).scalar_subquery()
+            for col in (m.c.body, m.c.headers, m.c.published_at, m.c.group_key)
+        ),
+        d.c.group_key,
     )
 )
 _message_fields = sa.select(m.c.id, m.c.body, m.c.headers, m.c.published_at, m.c.group_key).where(
@@ -431,15 +455,32 @@ class Dialect:
         until: int,
         token: str,
         channel_lease: bool = False,
+        attempt_id: str | None = None,
     ) -> list[ClaimedRow]:
         """Lease up to ``limit`` due deliveries of a channel, oldest due first.
 
         The lease ends at ``until``, or with ``channel_lease`` after the
-        channel's own lease if it has one. A paused channel gives nothing.
+        channel's own lease if it has one; ``attempt_id`` is stored with each
+        lease (NULL when None). A paused channel gives nothing.
         """
-        params = _claim_params(channel_id, limit, now, until, token, channel_lease)
+        params = _claim_params(channel_id, limit, now, until, token, channel_lease, attempt_id)
         leased = conn.execute(_claim_update_returning, params).all()
         return self._with_messages(conn, [tuple(r) for r in leased])
+
+    def pop(self, conn: sa.Connection, channel_id: int, limit: int, now: int) -> list[ClaimedRow]:
+        """Delete up to ``limit`` due deliveries of a channel, oldest due first (the
+        ones :meth:`claim` would lease), and return them with their messages, their
+        attempt counted and ``until`` = ``now``. A paused channel gives nothing.
+
+        Groups are the caller's: an ordered delivery popped was its group's head.
+        """
+        params = _claim_params(channel_id, limit, now, now, "", False)
+        rows = [
+            ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6], now, None, r[7], r[8])
+            for r in conn.execute(_pop_delete_returning, params)
+        ]
+        rows.sort(key=lambda row: row.delivery_id)
+        return rows
 
     def _with_messages(
         self, conn: sa.Connection, leased: Sequence[tuple[Any, ...]]
@@ -554,7 +595,13 @@ def _driver_sql(
 
 
 def _claim_params(
-    channel_id: int, limit: int, now: int, until: int, token: str, channel_lease: bool
+    channel_id: int,
+    limit: int,
+    now: int,
+    until: int,
+    token: str,
+    channel_lease: bool,
+    attempt_id: str | None = None,
 ) -> dict[str, object]:
     return {
         "p_channel": channel_id,
@@ -563,6 +610,7 @@ def _claim_params(
         "p_until": until,
         "p_token": token,
         "p_channel_lease": int(channel_lease),
+        "p_attempt_id": attempt_id,
     }
 
 

@@ -182,20 +182,51 @@ class MySQLDialect(Dialect):
         until: int,
         token: str,
         channel_lease: bool = False,
+        attempt_id: str | None = None,
     ) -> list[ClaimedRow]:
         # No UPDATE ... RETURNING, and no LIMIT inside IN (subquery): lock the
         # rows first (skipping others' locks), then lease exactly those.
-        locked = conn.execute(
-            self._lock_ids, {"p_channel": channel_id, "p_now": now, "p_limit": limit}
-        ).all()
-        if not locked or locked[0][8]:  # nothing due, or the channel is paused
+        locked = self._lock_due(conn, channel_id, limit, now)
+        if not locked:
             return []
         lease = locked[0][7]
         if channel_lease and lease is not None:
             until = now + int(lease)
         conn.execute(
-            self._lease, {"p_ids": [r[0] for r in locked], "p_until": until, "p_token": token}
+            self._lease,
+            {
+                "p_ids": [r[0] for r in locked],
+                "p_until": until,
+                "p_token": token,
+                "p_attempt_id": attempt_id,
+            },
         )
+        return self._claimed(conn, locked, until, lease)
+
+    def pop(self, conn: sa.Connection, channel_id: int, limit: int, now: int) -> list[ClaimedRow]:
+        # Two statements: the claim's locking read, then the DELETE of those rows.
+        locked = self._lock_due(conn, channel_id, limit, now)
+        if not locked:
+            return []
+        conn.execute(self._delete_ids, {"p_ids": [r[0] for r in locked]})
+        return self._claimed(conn, locked, now, None)
+
+    def _lock_due(
+        self, conn: sa.Connection, channel_id: int, limit: int, now: int
+    ) -> Sequence[Any]:
+        """The claim's locking read: up to ``limit`` due deliveries with their
+        message fields and the channel's settings; none when the channel is paused."""
+        locked = conn.execute(
+            self._lock_ids, {"p_channel": channel_id, "p_now": now, "p_limit": limit}
+        ).all()
+        if not locked or locked[0][8]:  # nothing due, or the channel is paused
+            return []
+        return locked
+
+    def _claimed(
+        self, conn: sa.Connection, locked: Sequence[Any], until: int, lease: int | None
+    ) -> list[ClaimedRow]:
+        """The rows of a locking read taken, their attempt counted."""
         # The locking read returns the latest committed deliveries, but its
         # subqueries read the statement's snapshot: a delivery committed just
         # after it began comes with its message fields NULL. A new statement

@@ -16,6 +16,7 @@ from novaque.dialects.base import (
     ClaimedRow,
     Dialect,
     NotifyListener,
+    _claim_ids,
     _claim_params,
     _claim_update_returning,
     d,
@@ -50,6 +51,29 @@ class PostgresDialect(Dialect):
             )
             .join_from(claimed, m, m.c.id == claimed.c.message_id)
             .order_by(claimed.c.id)
+        )
+        # Receive-and-delete in one statement: the claim's pick, deleted, and
+        # the messages joined (as the claim's).
+        popped = (
+            sa.delete(d)
+            .where(d.c.id.in_(_claim_ids.scalar_subquery()))
+            .returning(d.c.id, d.c.message_id, d.c.attempts, d.c.max_attempts, d.c.group_key)
+            .cte("popped")
+        )
+        self._pop_stmt = (
+            sa.select(
+                popped.c.id,
+                popped.c.message_id,
+                popped.c.attempts + 1,
+                popped.c.max_attempts,
+                m.c.body,
+                m.c.headers,
+                m.c.published_at,
+                m.c.group_key,
+                popped.c.group_key,
+            )
+            .join_from(popped, m, m.c.id == popped.c.message_id)
+            .order_by(popped.c.id)
         )
 
     def claim_statement(self) -> sa.ClauseElement:
@@ -90,7 +114,7 @@ class PostgresDialect(Dialect):
         ), claimed AS (
             UPDATE {d.name}
             SET state = {STATE_LEASED}, lease_token = :p_token, attempts = attempts + 1,
-                visible_at = COALESCE(
+                attempt_id = NULL, visible_at = COALESCE(
                     CASE WHEN :p_channel_lease = 1 THEN :p_now + (SELECT lease FROM ch) END,
                     :p_until)
             WHERE id IN (
@@ -323,13 +347,21 @@ class PostgresDialect(Dialect):
         until: int,
         token: str,
         channel_lease: bool = False,
+        attempt_id: str | None = None,
     ) -> list[ClaimedRow]:
         # One statement: lock (skipping rows other consumers hold), lease, and
         # return the message with each delivery.
-        params = _claim_params(channel_id, limit, now, until, token, channel_lease)
+        params = _claim_params(channel_id, limit, now, until, token, channel_lease, attempt_id)
         return [
             ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6], r[7], r[8], r[9], r[10])
             for r in conn.execute(self._claim_stmt, params)
+        ]
+
+    def pop(self, conn: sa.Connection, channel_id: int, limit: int, now: int) -> list[ClaimedRow]:
+        params = _claim_params(channel_id, limit, now, now, "", False)
+        return [
+            ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6], now, None, r[7], r[8])
+            for r in conn.execute(self._pop_stmt, params)
         ]
 
     def _insert(self, table: sa.Table) -> Any:

@@ -118,8 +118,9 @@ class SQLiteDialect(Dialect):
         until: int,
         token: str,
         channel_lease: bool = False,
+        attempt_id: str | None = None,
     ) -> list[ClaimedRow]:
-        params = _claim_params(channel_id, limit, now, until, token, channel_lease)
+        params = _claim_params(channel_id, limit, now, until, token, channel_lease, attempt_id)
         rows = [
             ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6], r[7], r[8], r[9], r[10])
             for r in conn.execute(self._claim_stmt, params)

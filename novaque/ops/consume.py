@@ -1,12 +1,15 @@
-"""Low-level consuming: claim, ack, ack-and-claim, requeue, reject, renew, release.
+"""Low-level consuming: claim, ack, ack-and-claim, requeue, snooze, reject,
+defer, renew, release, claim of deferred deliveries, receive-and-delete.
 
-The settling operations (requeue, reject, renew) execute exactly one
-statement, as do claim and ack: a dialect may run them without BEGIN and
-COMMIT (``op=`` names in the client's ``_run``).
+The settling operations (requeue, snooze, reject, defer, renew) of an
+unordered delivery execute exactly one statement, as do claim and ack: a
+dialect may run them without BEGIN and COMMIT (``op=`` names in the client's
+``_run``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 
@@ -19,38 +22,50 @@ from novaque.models import Message
 from novaque.ops import Effects, _groups
 from novaque.schema import (
     DEAD_VISIBLE_AT,
+    DEFERRED_VISIBLE_AT,
     STATE_DEAD,
+    STATE_DEFERRED,
     STATE_LEASED,
     STATE_READY,
+    channels,
     deliveries,
     messages,
 )
 
 d = deliveries
 
-_requeue = (
-    sa.update(d)
-    .where(d.c.id == sa.bindparam("p_id"), d.c.lease_token == sa.bindparam("p_token"))
-    .values(
-        state=STATE_READY,
-        visible_at=sa.bindparam("p_visible"),
-        lease_token=None,
-        last_error=sa.bindparam("p_error"),
+_fenced = (d.c.id == sa.bindparam("p_id"), d.c.lease_token == sa.bindparam("p_token"))
+
+
+def _put_back(**values: object) -> tuple[sa.Update, sa.Update]:
+    """A leased delivery made due again at ``p_visible``: the statement, and the
+    same one that changes nothing unless that is before the message expires
+    (for an explicit delay)."""
+    stmt = (
+        sa.update(d)
+        .where(*_fenced)
+        .values(state=STATE_READY, visible_at=sa.bindparam("p_visible"), lease_token=None, **values)
     )
-)
-# An explicit delay must leave the retry due before the message expires.
-_requeue_before_expiry = _requeue.where(
-    sa.select(messages.c.expires_at).where(messages.c.id == d.c.message_id).scalar_subquery()
-    > sa.bindparam("p_visible")
+    expires = sa.select(messages.c.expires_at).where(messages.c.id == d.c.message_id)
+    return stmt, stmt.where(expires.scalar_subquery() > sa.bindparam("p_visible"))
+
+
+_requeue, _requeue_before_expiry = _put_back(last_error=sa.bindparam("p_error"))
+# A snooze gives its attempt back and keeps the last error.
+_snooze, _snooze_before_expiry = _put_back(attempts=d.c.attempts - 1)
+_defer = (
+    sa.update(d)
+    .where(*_fenced)
+    .values(state=STATE_DEFERRED, visible_at=DEFERRED_VISIBLE_AT, lease_token=None)
 )
 _expiry_if_leased = (
     sa.select(messages.c.expires_at)
     .join_from(d, messages, messages.c.id == d.c.message_id)
-    .where(d.c.id == sa.bindparam("p_id"), d.c.lease_token == sa.bindparam("p_token"))
+    .where(*_fenced)
 )
 _kill = (
     sa.update(d)
-    .where(d.c.id == sa.bindparam("p_id"), d.c.lease_token == sa.bindparam("p_token"))
+    .where(*_fenced)
     .values(
         state=STATE_DEAD,
         visible_at=DEAD_VISIBLE_AT,
@@ -100,12 +115,72 @@ def claim(
     lease_us: int,
     token: str,
     channel_lease: bool = False,
+    attempt_id: str | None = None,
 ) -> tuple[list[dialects.ClaimedRow], int, Effects]:
     """Lease up to ``limit`` due deliveries with ``token`` for ``lease_us`` (with
     ``channel_lease``, for the channel's own lease if it has one): the rows,
-    ``now``, and the claims to count."""
-    rows = dialect.claim(conn, channel_id, limit, now, now + lease_us, token, channel_lease)
+    ``now``, and the claims to count.
+
+    With ``attempt_id``, the deliveries still leased under that id (by an
+    earlier claim that repeats it) are returned instead, with their own
+    tokens (``ClaimedRow.token``) and nothing counted; only when there are
+    none does it claim, storing the id with the new leases.
+    """
+    if attempt_id is not None:
+        held = _held(conn, dialect, now, channel_id, attempt_id)
+        if held:
+            return held, now, Effects()
+    rows = dialect.claim(
+        conn, channel_id, limit, now, now + lease_us, token, channel_lease, attempt_id
+    )
     return rows, now, _counted("claimed", now, {channel_id: len(rows)} if rows else {})
+
+
+#: The channel's row, locked by a claim with an attempt id: two claims
+#: repeating one id take turns, so they never both claim afresh. FOR NO KEY
+#: UPDATE on PostgreSQL: publishes, which only check the row's key, go on; on
+#: MySQL/MariaDB the foreign-key check of a publish to the channel waits for
+#: these few statements. Claims without an attempt id never take it.
+_channel_turn = (
+    sa.select(channels.c.lease)
+    .where(channels.c.id == sa.bindparam("p_channel"))
+    .with_for_update(key_share=True)
+)
+#: The leases an attempt id holds on a channel (not expired by the clock).
+_held_leases = (
+    sa.select(
+        d.c.id,
+        d.c.message_id,
+        d.c.attempts,
+        d.c.max_attempts,
+        d.c.visible_at,
+        d.c.group_key,
+        d.c.lease_token,
+    )
+    .where(
+        d.c.channel_id == sa.bindparam("p_channel"),
+        d.c.state == STATE_LEASED,
+        d.c.visible_at > sa.bindparam("p_now"),
+        d.c.attempt_id == sa.bindparam("p_attempt_id", type_=d.c.attempt_id.type),
+    )
+    .order_by(d.c.id)
+)
+
+
+def _held(
+    conn: sa.Connection, dialect: dialects.Dialect, now: int, channel_id: int, attempt_id: str
+) -> list[dialects.ClaimedRow]:
+    """The deliveries leased under ``attempt_id`` on the channel, with their tokens."""
+    found = conn.execute(_channel_turn, {"p_channel": channel_id}).one_or_none()
+    if found is None:
+        return []
+    params = {"p_channel": channel_id, "p_now": now, "p_attempt_id": attempt_id}
+    leases = conn.execute(_held_leases, params).all()
+    if not leases:
+        return []
+    tokens = {int(r[0]): str(r[6]) for r in leases}
+    rows = dialect._with_messages(conn, [(*r[:5], found[0], r[5]) for r in leases])
+    return [dataclasses.replace(row, token=tokens[row.delivery_id]) for row in rows]
 
 
 def ack(
@@ -201,7 +276,8 @@ def messages_of(
     token: str,
     now: int,
 ) -> list[Message]:
-    """The messages of rows claimed at ``now``."""
+    """The messages of rows claimed at ``now`` with ``token`` (a row's own token,
+    if it has one, instead)."""
     return [
         Message(
             id=row.message_id,
@@ -213,7 +289,7 @@ def messages_of(
             max_attempts=row.max_attempts,
             published_at=from_us(row.published_at),
             delivery_id=row.delivery_id,
-            lease_token=token,
+            lease_token=token if row.token is None else row.token,
             lease_expires_at=from_us(row.until),
             channel_id=channel_id,
             group=row.group,
@@ -233,12 +309,21 @@ def requeue(
     delay_us: int,
     error: str | None,
     within_ttl: bool,
+    refund: bool = False,
 ) -> tuple[bool, Effects]:
     """Make ``msg``'s delivery due again ``delay_us`` from ``now`` (with
     ``within_ttl``, only if that is before the message expires): whether its
-    lease was current, and the requeue to count."""
+    lease was current, and the requeue to count.
+
+    ``refund``: a snooze, which gives the attempt back (``attempts`` as before
+    the claim) and keeps the last error (``error`` is not used).
+    """
+    if refund:
+        stmt = _snooze_before_expiry if within_ttl else _snooze
+    else:
+        stmt = _requeue_before_expiry if within_ttl else _requeue
     result = conn.execute(
-        _requeue_before_expiry if within_ttl else _requeue,
+        stmt,
         {
             "p_id": msg.delivery_id,
             "p_token": msg.lease_token,
@@ -279,10 +364,130 @@ def kill(
         },
     )
     changed = bool(result.rowcount)
-    if changed and msg.order_key is not None:
+    if changed:
+        _left_group(conn, dialect, msg)
+    return changed, _counted("dead", now, {msg.channel_id: 1} if changed else {})
+
+
+def defer(
+    conn: sa.Connection, dialect: dialects.Dialect, now: int, msg: Message
+) -> tuple[bool, Effects]:
+    """Set ``msg``'s delivery aside (deferred: out of every claim's range until
+    :func:`claim_deferred` names it): whether its lease was current, and the
+    effects (nothing counted: the delivery stays live)."""
+    result = conn.execute(_defer, {"p_id": msg.delivery_id, "p_token": msg.lease_token})
+    changed = bool(result.rowcount)
+    if changed:
+        _left_group(conn, dialect, msg)
+    return changed, Effects()
+
+
+def _left_group(conn: sa.Connection, dialect: dialects.Dialect, msg: Message) -> None:
+    """``msg``'s delivery left its group (dead or deferred): the group moves on."""
+    if msg.order_key is not None:
         member = (msg.channel_id, msg.order_key, msg.delivery_id)
         _groups.leave(conn, dialect, [member], gone=True)
-    return changed, _counted("dead", now, {msg.channel_id: 1} if changed else {})
+
+
+_channel_state = sa.select(channels.c.lease, channels.c.paused).where(
+    channels.c.id == sa.bindparam("p_channel")
+)
+_deferred_named = (
+    sa.select(d.c.id, d.c.message_id, d.c.attempts, d.c.max_attempts, d.c.group_key)
+    .where(
+        d.c.id.in_(sa.bindparam("p_ids", expanding=True)),
+        d.c.channel_id == sa.bindparam("p_channel"),
+        d.c.state == STATE_DEFERRED,
+    )
+    .order_by(d.c.id)
+    .with_for_update(skip_locked=True)
+)
+_deferred_of_ids = (
+    d.c.id.in_(sa.bindparam("p_ids", expanding=True)),
+    d.c.state == STATE_DEFERRED,
+)
+_lease_deferred = (
+    sa.update(d)
+    .where(*_deferred_of_ids)
+    .values(
+        state=STATE_LEASED,
+        visible_at=sa.bindparam("p_until"),
+        lease_token=sa.bindparam("p_token"),
+        attempts=d.c.attempts + 1,
+        attempt_id=None,
+    )
+)
+_bury_deferred = (
+    sa.update(d)
+    .where(*_deferred_of_ids)
+    .values(
+        state=STATE_DEAD,
+        visible_at=DEAD_VISIBLE_AT,
+        dead_reason="max_attempts",
+        died_at=sa.bindparam("p_now"),
+    )
+)
+
+
+def claim_deferred(
+    conn: sa.Connection,
+    dialect: dialects.Dialect,
+    now: int,
+    channel_id: int,
+    delivery_ids: Sequence[int],
+    lease_us: int,
+    token: str,
+    channel_lease: bool = False,
+) -> tuple[list[dialects.ClaimedRow], int, Effects]:
+    """Lease the deferred deliveries of the channel among ``delivery_ids`` with
+    ``token`` (as :func:`claim`; ids that are not are ignored, and a paused
+    channel gives nothing): the rows, ``now``, and what to count.
+
+    An ordered one is leased only if its group has no head (it becomes the
+    head); one whose attempts are spent becomes a dead letter instead
+    (reason ``max_attempts``): no claim hands out an attempt beyond the budget.
+    """
+    setting = conn.execute(_channel_state, {"p_channel": channel_id}).one_or_none()
+    if setting is None or setting[1]:
+        return [], now, Effects()
+    lease = None if setting[0] is None else int(setting[0])
+    until = now + lease if channel_lease and lease is not None else now + lease_us
+    params = {"p_ids": list(delivery_ids), "p_channel": channel_id}
+    found = conn.execute(_deferred_named, params).all()
+    spent = [int(r[0]) for r in found if r[2] >= r[3]]
+    live = [r for r in found if r[2] < r[3]]
+    # Groups in (group key, id) order, as every writer of groups locks them.
+    chosen = [r for r in live if r[4] is None]
+    for row in sorted((r for r in live if r[4] is not None), key=lambda r: (str(r[4]), r[0])):
+        if dialect.lock_group(conn, channel_id, str(row[4]), int(row[0])) == int(row[0]):
+            chosen.append(row)
+    tally = Tally()
+    if spent:
+        conn.execute(_bury_deferred, {"p_ids": spent, "p_now": now})
+        tally.add("dead", day_of(now), {channel_id: len(spent)})
+    if not chosen:
+        return [], now, Effects(tally=tally)
+    ids = sorted(int(r[0]) for r in chosen)
+    conn.execute(_lease_deferred, {"p_ids": ids, "p_until": until, "p_token": token})
+    leased = [(r[0], r[1], r[2] + 1, r[3], until, lease, r[4]) for r in chosen]
+    tally.add("claimed", day_of(now), {channel_id: len(chosen)})
+    return dialect._with_messages(conn, leased), now, Effects(tally=tally)
+
+
+def pop(
+    conn: sa.Connection, dialect: dialects.Dialect, now: int, channel_id: int, limit: int
+) -> tuple[list[dialects.ClaimedRow], int, Effects]:
+    """Receive-and-delete: take up to ``limit`` due deliveries of the channel
+    (those :func:`claim` would lease) and delete them, their groups moving on
+    as at an ack: the rows, ``now``, and the claims and acks to count."""
+    rows = dialect.pop(conn, channel_id, limit, now)
+    heads = [(channel_id, r.order_key, r.delivery_id) for r in rows if r.order_key is not None]
+    if heads:
+        _groups.leave(conn, dialect, heads, gone=True)
+    counted = {channel_id: len(rows)} if rows else {}
+    effects = _counted("claimed", now, counted)
+    effects.tally.add("acked", day_of(now), counted)
+    return rows, now, effects
 
 
 def renew(

@@ -177,11 +177,15 @@ def drain(
     Deliveries are claimed one at a time (with the client's default lease),
     so a handler may publish, and what it publishes that is due is handled
     too. What the handler's result means is exactly what it means to a
-    consumer: return ⇒ ack; :class:`~novaque.Reject` ⇒ dead at once; any other
-    exception ⇒ retry after the client's backoff (``Options.backoff``), or
-    dead once attempts ran out. A retry is due again only when the client's
-    clock reaches it: advance the :class:`FakeClock` and drain again (with
-    ``Backoff(base=0)`` it is due at once, and one drain runs it to its end).
+    consumer: return ⇒ ack; :class:`~novaque.Reject` ⇒ dead at once;
+    :class:`~novaque.Defer` ⇒ deferred (not due again: fetch it with
+    ``claim_deferred``); :class:`~novaque.Snooze` ⇒ due again after its
+    delay, its attempt given back; any other exception ⇒ retry after the
+    client's backoff (``Options.backoff``), or dead once attempts ran out. A
+    retry or a snooze is due again only when the client's clock reaches it:
+    advance the :class:`FakeClock` and drain again (with ``Backoff(base=0)``
+    a retry is due at once, and one drain runs it to its end; so is a
+    ``Snooze(0)``, which spends no attempt: give such a handler a ``limit``).
     Nothing the handler raises escapes; ``drain`` returns when nothing is due
     or after ``limit`` runs of the handler (``None``: no limit).
 
