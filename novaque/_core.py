@@ -22,6 +22,7 @@ from novaque import _migrate, _validate, dialects
 from novaque._executor import SyncExecutor
 from novaque._stats import StatsBuffer
 from novaque._time import US, Clock, day_of, from_us
+from novaque._waits import THREADS, Waits
 from novaque.errors import (
     InvalidOption,
     LeaseLost,
@@ -98,6 +99,9 @@ class CoreClient:
     #: How statements are executed: on threads here; awaited through
     #: SQLAlchemy's greenlet bridge for the asyncio twin.
     _executor_type: type[SyncExecutor] = SyncExecutor
+    #: How the client waits (background loops, long polls, paced calls):
+    #: threads' events here, asyncio's for the asyncio twin.
+    _waits: Waits = THREADS
 
     def __init__(self, engine: sa.Engine, options: Options | None = None) -> None:
         if not isinstance(engine, sa.Engine):

@@ -26,7 +26,7 @@ from datetime import date, datetime
 from novaque import _validate
 from novaque._core import CoreClient
 from novaque._time import US, to_us
-from novaque._waits import THREADS, Waits
+from novaque._waits import Waits
 from novaque.models import Backlog, Counters, DeadLetter, MessageInfo
 from novaque.ops import browse, maintain
 from novaque.ops._sql import BACKLOG, DEAD_PAGE
@@ -37,10 +37,6 @@ __all__ = ["BACKLOG", "DEAD_PAGE", "OperatingClient"]
 
 class OperatingClient(CoreClient):
     """Stats, backlog, dead letters, browsing, replay and prune (see the guide, "Operating")."""
-
-    #: How a paced call (``requeue_dead(rate=)``) waits: threads' events here,
-    #: asyncio's for the asyncio twin (the runtime sets the same attribute).
-    _waits: Waits = THREADS
 
     # -- counters -------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ import sqlalchemy as sa
 from novaque import _validate
 from novaque._core import CoreClient
 from novaque._signals import Signals
-from novaque._waits import THREADS, Event, Runner, Waits, jittered
+from novaque._waits import Event, Runner, jittered
 from novaque.consumer import Consumer, Handler, RetryDelay
 from novaque.dialects import NotifyListener
 from novaque.errors import InvalidOption, SchemaOutOfDate
@@ -79,10 +79,6 @@ class _Listening:
 
 class RuntimeClient(CoreClient):
     """Consumers, background maintenance and wake-ups on top of the core client."""
-
-    #: How the background loops and long polls run and wait: threads here,
-    #: tasks for the asyncio twin.
-    _waits: Waits = THREADS
 
     def __init__(self, engine: sa.Engine, options: Options | None = None) -> None:
         super().__init__(engine, options)
