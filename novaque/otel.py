@@ -58,7 +58,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.propagators.textmap import Setter
+from opentelemetry.propagators.textmap import Getter, Setter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
@@ -112,6 +112,23 @@ class _NewKeys(Setter[MutableMapping[str, str]]):
 
 
 _NEW_KEYS = _NewKeys()
+
+
+class _AnyCase(Getter[Mapping[str, str]]):
+    """Reads a propagator's fields from headers in any spelling (``TraceParent``
+    as copied from an HTTP request): headers are case-sensitive, W3C fields not."""
+
+    def get(self, carrier: Mapping[str, str], key: str) -> list[str] | None:
+        value = carrier.get(key)
+        if value is None:
+            value = next((v for k, v in carrier.items() if k.lower() == key), None)
+        return None if value is None else [value]
+
+    def keys(self, carrier: Mapping[str, str]) -> list[str]:
+        return list(carrier)
+
+
+_ANY_CASE = _AnyCase()
 
 
 def _carries_trace(headers: Mapping[str, str]) -> bool:
@@ -213,7 +230,9 @@ class _Instruments:
         # The message's context (its publisher's span, its baggage) becomes the
         # handler's: over an empty one, so that a consumer's own surroundings
         # (the span current when its loop started) never adopt the message.
-        token = otel_context.attach(propagate.extract(msg.headers, context=Context()))
+        token = otel_context.attach(
+            propagate.extract(msg.headers, context=Context(), getter=_ANY_CASE)
+        )
         started = default_timer()
         try:
             with self.tracer.start_as_current_span(
