@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import os
 import secrets
 import threading
@@ -354,33 +355,57 @@ class CoreClient:
         bodies: list[bytes | str],
         *,
         batch: bool,
+        delay: Duration | None,
+        ttl: Duration | None,
+        max_attempts: int | None,
         headers: Mapping[str, str] | None,
-        **write: Any,
+        dedup_keys: list[str | None],
+        groups: list[str | None],
+        connection: sa.Connection | None,
+        session: Session | None,
     ) -> list[int]:
         """Publish through the instrumentation's hook if one is installed
-        (:mod:`novaque._hooks`: a ``publish``/``publish_many`` span around the
-        write, its trace context added to the headers), else directly."""
+        (:mod:`novaque._hooks`: a ``publish`` span around the write, its trace
+        context added to the headers), else directly."""
         _validate.name(topic, "topic")
         hook = _hooks.publish
         if hook is None or not bodies:
-            return self._write_messages(topic, bodies, headers=headers, **write)
-        return hook(
+            return self._write_messages(
+                topic,
+                bodies,
+                headers,
+                delay=delay,
+                ttl=ttl,
+                max_attempts=max_attempts,
+                dedup_keys=dedup_keys,
+                groups=groups,
+                connection=connection,
+                session=session,
+            )
+        # A partial, not a closure: the path without a hook creates no cells.
+        write = functools.partial(
+            self._write_messages,
             topic,
-            len(bodies),
-            batch,
-            headers,
-            lambda traced: self._write_messages(topic, bodies, headers=traced, **write),
+            bodies,
+            delay=delay,
+            ttl=ttl,
+            max_attempts=max_attempts,
+            dedup_keys=dedup_keys,
+            groups=groups,
+            connection=connection,
+            session=session,
         )
+        return hook(topic, len(bodies), batch, headers, write)
 
     def _write_messages(
         self,
         topic: str,
         bodies: list[bytes | str],
+        headers: Mapping[str, str] | None,
         *,
         delay: Duration | None,
         ttl: Duration | None,
         max_attempts: int | None,
-        headers: Mapping[str, str] | None,
         dedup_keys: list[str | None],
         groups: list[str | None],
         connection: sa.Connection | None,

@@ -16,6 +16,7 @@ One place for the handler contract, shared by everything that runs handlers
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from typing import Protocol
@@ -62,7 +63,7 @@ def outcome_of(
         if hook is None:
             waits.call_handler(handler, msg)
         else:
-            hook(msg, lambda: waits.call_handler(handler, msg))
+            hook(msg, functools.partial(waits.call_handler, handler, msg))
     except asyncio.CancelledError:
         raise
     except Reject as exc:
