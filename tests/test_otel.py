@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
 import novaque
 import novaque.aio
@@ -610,6 +610,29 @@ def test_drain_of_an_async_client_traces_its_handler_calls(
     [process] = otel.spans("process orders")
     assert parent_of(process) == ids_of(publish)
     assert dict(process.attributes or {})["error.type"] == DECLINED
+
+
+@pytest.mark.sync_only
+def test_a_publish_in_an_async_session_is_traced_in_the_callers_task(
+    backend: Backend, otel: Telemetry
+) -> None:
+    engine = create_async_engine(async_url(backend.name, backend.url))
+
+    async def body(client: novaque.aio.AsyncClient) -> None:
+        await client.ensure_channel("orders", "mailer")
+        with otel.app.start_as_current_span("POST /orders") as request:
+            async with AsyncSession(engine) as session, session.begin():
+                await client.publish("orders", b"{}", session=session)
+                [publish] = otel.spans("publish orders")  # ended before the commit
+            assert parent_of(publish) == (
+                request.get_span_context().trace_id,
+                request.get_span_context().span_id,
+            )
+        [msg] = await client.claim("orders", "mailer")
+        assert msg.headers == {"traceparent": traceparent_of(publish)}
+        await engine.dispose()
+
+    run_async(backend, body)
 
 
 @pytest.mark.sync_only
