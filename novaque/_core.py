@@ -6,19 +6,20 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import os
 import secrets
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, scoped_session
 
-from novaque import _migrate, _validate, dialects
+from novaque import _hooks, _migrate, _validate, dialects
 from novaque._executor import SyncExecutor
 from novaque._stats import StatsBuffer
 from novaque._time import US, Clock, day_of, from_us
@@ -267,7 +268,10 @@ class CoreClient:
         exist is created. With ``dedup_key``, publishing again with the same
         key while the first message lives (until its TTL purge or
         :meth:`prune`) returns the first id and writes nothing when the body,
-        headers and group are the same; when one differs it raises
+        headers and group are the same (headers of a trace context,
+        ``traceparent``, ``tracestate`` and ``baggage``, are not compared: a
+        publish retried from another trace is the same message); when one
+        differs it raises
         :class:`~novaque.DedupConflict` (with the key and the first id) and
         writes nothing. ``group`` (1-200 characters) is the message's ordering key:
         a ``group_fifo`` channel hands out the messages of one group one at a
@@ -276,6 +280,7 @@ class CoreClient:
         return self._publish(
             topic,
             [body],
+            batch=False,
             delay=delay,
             ttl=ttl,
             max_attempts=max_attempts,
@@ -337,6 +342,7 @@ class CoreClient:
         return self._publish(
             topic,
             body_list,
+            batch=True,
             delay=delay,
             ttl=ttl,
             max_attempts=max_attempts,
@@ -352,16 +358,63 @@ class CoreClient:
         topic: str,
         bodies: list[bytes | str],
         *,
+        batch: bool,
         delay: Duration | None,
         ttl: Duration | None,
         max_attempts: int | None,
-        headers: dict[str, str] | None,
+        headers: Mapping[str, str] | None,
         dedup_keys: list[str | None],
         groups: list[str | None],
         connection: sa.Connection | None,
         session: Session | None,
     ) -> list[int]:
+        """Publish through the instrumentation's hook if one is installed
+        (:mod:`novaque._hooks`: a ``publish`` span around the write, its trace
+        context added to the headers), else directly."""
         _validate.name(topic, "topic")
+        hook = _hooks.publish
+        if hook is None or not bodies:
+            return self._write_messages(
+                topic,
+                bodies,
+                headers,
+                delay=delay,
+                ttl=ttl,
+                max_attempts=max_attempts,
+                dedup_keys=dedup_keys,
+                groups=groups,
+                connection=connection,
+                session=session,
+            )
+        # A partial, not a closure: the path without a hook creates no cells.
+        write = functools.partial(
+            self._write_messages,
+            topic,
+            bodies,
+            delay=delay,
+            ttl=ttl,
+            max_attempts=max_attempts,
+            dedup_keys=dedup_keys,
+            groups=groups,
+            connection=connection,
+            session=session,
+        )
+        return hook(topic, len(bodies), batch, headers, write)
+
+    def _write_messages(
+        self,
+        topic: str,
+        bodies: list[bytes | str],
+        headers: Mapping[str, str] | None,
+        *,
+        delay: Duration | None,
+        ttl: Duration | None,
+        max_attempts: int | None,
+        dedup_keys: list[str | None],
+        groups: list[str | None],
+        connection: sa.Connection | None,
+        session: Session | None,
+    ) -> list[int]:
         data = [_validate.body(b, self.options.max_body_bytes) for b in bodies]
         ttl_s = _validate.ttl(ttl, self._default_ttl)
         delay_s = _validate.delay(delay, ttl_s)

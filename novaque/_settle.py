@@ -18,11 +18,12 @@ One place for the handler contract, shared by everything that runs handlers
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from novaque import _validate
+from novaque import _hooks, _validate
 from novaque._ledger import Outcome
 from novaque._waits import THREADS, Waits
 from novaque.errors import Defer, InvalidOption, Reject, Snooze
@@ -64,7 +65,11 @@ def outcome_of(
     ``Type: text`` of the exception is kept as the delivery's last error.
     """
     try:
-        waits.call_handler(handler, msg)
+        hook = _hooks.process  # an instrumentation's span around the call (novaque.otel)
+        if hook is None:
+            waits.call_handler(handler, msg)
+        else:
+            hook(msg, functools.partial(waits.call_handler, handler, msg))
     except asyncio.CancelledError:
         raise
     except Reject as exc:

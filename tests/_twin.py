@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import inspect
 import threading
 from collections.abc import Callable, Coroutine
@@ -101,7 +102,10 @@ class SyncTwin:
         if callable(handler):
 
             async def wrapped(msg: novaque.Message) -> object:
-                return await loop.run_in_executor(pool, handler, msg)
+                # In the handler task's context, as an async handler runs (what
+                # the task's context holds, an OpenTelemetry span, is the handler's).
+                context = contextvars.copy_context()
+                return await loop.run_in_executor(pool, context.run, handler, msg)
 
         consumer = TwinConsumer(self.aio.subscribe(topic, channel, wrapped, **settings), self)
         # The sync subscribe creates the channel; the twin's does no I/O (its

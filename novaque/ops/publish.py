@@ -351,13 +351,28 @@ def _insert_deduplicated(
             if (
                 not same_body
                 or group != row["group_key"]
-                or _validate.decode_headers(stored_headers)
-                != _validate.decode_headers(row["headers"])
+                or _untraced(stored_headers) != _untraced(row["headers"])
             ):
                 raise DedupConflict(row["dedup_key"], int(holder))
             return int(holder), False
         # The holder of the key was purged in between: try the insert again.
     raise RuntimeError(f"could not settle dedup_key {row['dedup_key']!r}")  # pragma: no cover
+
+
+#: Headers that carry a trace context (W3C Trace Context and Baggage), not a
+#: message's content: novaque.otel adds them to each publish, so a publish
+#: repeated from another trace (a retried request) must still find its key's
+#: holder the same message.
+TRACE_HEADERS = frozenset({"traceparent", "tracestate", "baggage"})
+
+
+def _untraced(text: str | None) -> dict[str, str]:
+    """Stored headers as compared for a dedup key: without the trace context."""
+    return {
+        key: value
+        for key, value in _validate.decode_headers(text).items()
+        if key.lower() not in TRACE_HEADERS
+    }
 
 
 #: The message holding a dedup key, whether its body is ``p_body``, its
