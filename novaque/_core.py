@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, scoped_session
 
 from novaque import _migrate, _validate, dialects
 from novaque._executor import SyncExecutor
-from novaque._stats import StatsBuffer
+from novaque._stats import MINUTE_US, MINUTES_KEPT_US, StatsBuffer
 from novaque._time import US, Clock, day_of, from_us
 from novaque.errors import (
     InvalidOption,
@@ -898,16 +898,19 @@ class CoreClient:
         if not taken:
             return
         try:
-            self._run_op("", maintain.flush_stats, maintain.stats_rows(taken))
+            self._run_op("", maintain.flush_stats, *maintain.stats_rows(taken))
         except BaseException:
             self._stats.give_back(taken)
             raise
 
     def prune_stats(self) -> int:
-        """Delete day buckets older than ``Options.stats_retention_days``; return how many."""
-        today = day_of(self._now())
-        first_kept = today - timedelta(days=self.options.stats_retention_days - 1)
-        return self._run_op("", maintain.prune_stats, first_kept)
+        """Delete day buckets older than ``Options.stats_retention_days``, and
+        minute buckets (:meth:`minute_counters`) older than 24 hours; return how
+        many day buckets went."""
+        now = self._now()
+        first_kept = day_of(now) - timedelta(days=self.options.stats_retention_days - 1)
+        first_minute = (now - MINUTES_KEPT_US) // MINUTE_US * MINUTE_US
+        return self._run_op("", maintain.prune_stats, first_kept, first_minute)
 
 
 def _check_repeated_keys(

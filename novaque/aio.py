@@ -312,6 +312,7 @@ class AsyncClient:
     channel_counters = _bridged(Client.channel_counters)
     topic_counters = _bridged(Client.topic_counters)
     daily_counters = _bridged(Client.daily_counters)
+    minute_counters = _bridged(Client.minute_counters)
     channel_backlog = _bridged(Client.channel_backlog)
     topic_backlog = _bridged(Client.topic_backlog)
     list_dead = _bridged(Client.list_dead)

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from novaque import _validate, dialects
 from novaque._stats import Tally
-from novaque._time import day_of, from_us
+from novaque._time import from_us
 from novaque.models import Message
 from novaque.ops import Effects, _groups
 from novaque.schema import (
@@ -87,7 +87,7 @@ _release = (
 
 def _counted(field: str, now: int, channel_ids: dict[int, int]) -> Effects:
     tally = Tally()
-    tally.add(field, day_of(now), channel_ids)
+    tally.add(field, now, channel_ids)
     return Effects(tally=tally)
 
 
@@ -189,7 +189,7 @@ def ack_and_claim(
         )
     lost, effects = _settled(acks, done, now)
     if rows:
-        effects.tally.add("claimed", day_of(now), {channel_id: len(rows)})
+        effects.tally.add("claimed", now, {channel_id: len(rows)})
     return lost, rows, now, effects
 
 
