@@ -27,7 +27,7 @@ from novaque.errors import (
     LeaseLost,
 )
 from novaque.models import ChannelSettings, Message
-from novaque.ops import Batch, Effects, consume, maintain, topology
+from novaque.ops import Batch, Effects, consume, maintain, presence, topology
 from novaque.ops import publish as publish_op
 from novaque.options import Duration, Options, check_int, seconds
 from novaque.schema import (
@@ -138,6 +138,9 @@ class CoreClient:
         self._wakers: dict[str, list[Callable[[], None]]] = {}
         self._default_ttl = seconds(self.options.default_ttl, "Options.default_ttl")
         self._default_lease = seconds(self.options.default_lease, "Options.default_lease")
+        self._consumer_heartbeat = seconds(
+            self.options.consumer_heartbeat, "Options.consumer_heartbeat"
+        )
 
     def __repr__(self) -> str:
         return f"<novaque.Client {self._dialect.name} {self.engine.url.render_as_string()}>"
@@ -836,8 +839,9 @@ class CoreClient:
         """Run one pass of every maintenance job, synchronously.
 
         The lease reaper, TTL purge, dead-letter retention, stats flush and
-        stats prune. For tests, and for deployments that run maintenance from
-        cron instead of calling :meth:`start`.
+        stats prune, and the cleanup of consumers that died. For tests, and
+        for deployments that run maintenance from cron instead of calling
+        :meth:`start`.
         """
         self._ready()
         self._resample_clock()
@@ -845,6 +849,7 @@ class CoreClient:
         self._purge_pass()
         self.flush_stats()
         self.prune_stats()
+        self.forget_stale_consumers()
 
     def _purge_pass(self) -> int:
         """The purge job of a maintenance pass: TTL purge (and, with the
@@ -911,6 +916,14 @@ class CoreClient:
         first_kept = day_of(now) - timedelta(days=self.options.stats_retention_days - 1)
         first_minute = (now - MINUTES_KEPT_US) // MINUTE_US * MINUTE_US
         return self._run_op("", maintain.prune_stats, first_kept, first_minute)
+
+    def forget_stale_consumers(self) -> int:
+        """Drop the consumers online (:meth:`list_consumers`) not seen for three
+        ``Options.consumer_heartbeat`` by the clock (their process died); return
+        how many. Part of :meth:`run_maintenance`, and of the maintenance loop
+        once per heartbeat."""
+        before = self._now() - int(3 * self._consumer_heartbeat * US)
+        return self._run_op("", presence.forget_stale, before)
 
 
 def _check_repeated_keys(

@@ -28,8 +28,8 @@ from novaque._core import CoreClient
 from novaque._stats import MINUTE_US, MINUTES_KEPT_US
 from novaque._time import US, to_us
 from novaque._waits import THREADS, Waits
-from novaque.models import Backlog, Counters, DeadLetter, MessageInfo
-from novaque.ops import browse, maintain
+from novaque.models import Backlog, ConsumerInfo, Counters, DeadLetter, MessageInfo
+from novaque.ops import browse, maintain, presence
 from novaque.ops._sql import BACKLOG, DEAD_PAGE
 from novaque.options import check_int, seconds
 
@@ -115,6 +115,27 @@ class OperatingClient(CoreClient):
         _validate.name(channel, "channel")
         first = first // MINUTE_US * MINUTE_US
         return self._run_op("", browse.minute_counters, topic, channel, first)
+
+    # -- consumers online ---------------------------------------------------------------------
+
+    def list_consumers(
+        self, topic: str | None = None, channel: str | None = None
+    ) -> list[ConsumerInfo]:
+        """The consumers running now, in every process on this database, by
+        topic, channel and start (``topic``/``channel``: only those).
+
+        Each started consumer registers itself, refreshes its row every
+        ``Options.consumer_heartbeat`` (with its current ``in_flight``) and
+        removes it at shutdown; a consumer whose process died is listed until
+        maintenance drops it, three heartbeats after its last one (by the
+        clock). A name no consumer runs on gives ``[]`` (no
+        :class:`TopicNotFound`: the list is about processes).
+        """
+        if topic is not None:
+            _validate.name(topic, "topic")
+        if channel is not None:
+            _validate.name(channel, "channel")
+        return self._run_op("", presence.list_consumers, topic, channel)
 
     # -- backlog ------------------------------------------------------------------------------
 
