@@ -220,6 +220,9 @@ class AdminApp:
             ("POST", _route("/topics/{topic}/channels/{channel}/resume"), self.api_resume_channel)
         )
         api.append(("GET", _route("/topics/{topic}/channels/{channel}/daily"), self.api_daily))
+        api.append(("GET", _route("/topics/{topic}/channels/{channel}/minutes"), self.api_minutes))
+        api.append(("GET", _route("/minutes"), self.api_all_minutes))
+        api.append(("GET", _route("/consumers"), self.api_consumers))
         api.append(("GET", _route("/topics/{topic}/channels/{channel}/dead"), self.api_dead))
         api.append(
             (
@@ -316,6 +319,21 @@ class AdminApp:
                 _data.parse_date(query.get("since"), "since"),
                 _data.parse_date(query.get("until"), "until"),
             )
+        )
+
+    def api_minutes(self, call: Call) -> Response:
+        """The channel's last hour, per minute (every minute listed, zeros too)."""
+        return Response.json(_data.minutes(self.client, call.name("topic"), call.name("channel")))
+
+    def api_all_minutes(self, call: Call) -> Response:
+        """Every channel's last hour added up, per minute."""
+        return Response.json(_data.all_minutes(self.client))
+
+    def api_consumers(self, call: Call) -> Response:
+        """The consumers online; ``?topic=`` and ``?channel=`` narrow it."""
+        query = call.request.query
+        return Response.json(
+            _data.consumers(self.client, query.get("topic") or None, query.get("channel") or None)
         )
 
     def api_dead(self, call: Call) -> Response:
