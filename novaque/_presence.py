@@ -15,8 +15,10 @@ heartbeats) is registered again. The operations live in
 from __future__ import annotations
 
 import os
+import random
 import socket
 import threading
+import weakref
 from typing import TYPE_CHECKING
 
 from novaque import _validate
@@ -32,6 +34,24 @@ __all__ = ["Presence"]
 
 #: ``novaque_consumers.host`` holds at most this many characters.
 HOST_CHARS = 255
+#: Spread of the refresh interval (+-10 %), so processes do not beat in lockstep.
+BEAT_JITTER = 0.1
+
+#: Every Presence of the process: a forked child forgets its parent's consumers.
+_everyone: weakref.WeakSet[Presence] = weakref.WeakSet()
+
+
+def _forget_in_child() -> None:
+    """In a forked child: the parent's consumers and loop do not run here (their
+    rows are the parent's to refresh and remove)."""
+    for kept in list(_everyone):
+        kept._lock = threading.Lock()
+        kept._rows.clear()
+        kept._loop = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class Presence:
@@ -46,6 +66,7 @@ class Presence:
         self._loop: tuple[Runner, Event] | None = None
         #: ``beats`` (refresh passes) and ``errors``: tests wait on these.
         self.signals = Signals()
+        _everyone.add(self)
 
     def joined(self, consumer: Consumer) -> None:
         """Register a consumer that just started; start the refresh loop."""
@@ -127,7 +148,8 @@ class Presence:
             return None
 
     def _beat_loop(self, stop: Event) -> None:
-        while not stop.wait(self.interval_s):
+        spread = random.uniform(1 - BEAT_JITTER, 1 + BEAT_JITTER)
+        while not stop.wait(self.interval_s * spread):
             try:
                 self.beat()
             except Exception as exc:

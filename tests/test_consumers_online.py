@@ -171,3 +171,25 @@ def test_a_consumer_process_killed_with_sigkill_disappears_after_maintenance(
     maintainer = backend.client(clock=lambda: later)
     maintainer.run_maintenance()
     assert watcher.list_consumers() == []
+
+
+@pytest.mark.sync_only
+def test_a_forked_child_forgets_its_parents_consumers(client: novaque.Client) -> None:
+    from novaque import _presence
+
+    consumer = client.subscribe_and_start("t", "c", Recorder())
+    presence = client._presence
+    loop = presence._loop
+    assert loop is not None
+    _presence._forget_in_child()  # what os.fork runs in the child
+    try:
+        assert (presence._rows, presence._loop) == ({}, None)
+        # The child's own consumer gets a row and a loop of its own.
+        other = client.subscribe_and_start("t", "d", Recorder())
+        assert presence._loop is not None
+        assert [i.channel for i in client.list_consumers()] == ["c", "d"]
+        other.shutdown()
+    finally:
+        loop[1].set()  # the "parent's" loop, which only the parent would stop
+        loop[0].join(10)
+        consumer.shutdown()
