@@ -36,6 +36,7 @@ from novaque.errors import (
 from novaque.models import (
     Backlog,
     ChannelSettings,
+    ConsumerInfo,
     Counters,
     DeadLetter,
     DeliveryInfo,
@@ -53,6 +54,7 @@ __all__ = [
     "ChannelSettings",
     "Client",
     "Consumer",
+    "ConsumerInfo",
     "Counters",
     "DeadLetter",
     "DedupConflict",

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, scoped_session
 
 from novaque import _hooks, _migrate, _validate, dialects
 from novaque._executor import SyncExecutor
-from novaque._stats import StatsBuffer
+from novaque._stats import MINUTE_US, MINUTES_KEPT_US, StatsBuffer
 from novaque._time import US, Clock, day_of, from_us
 from novaque._waits import THREADS, Waits
 from novaque.errors import (
@@ -29,7 +29,7 @@ from novaque.errors import (
     LeaseLost,
 )
 from novaque.models import ChannelSettings, Message
-from novaque.ops import Batch, Effects, consume, maintain, topology
+from novaque.ops import Batch, Effects, consume, maintain, presence, topology
 from novaque.ops import publish as publish_op
 from novaque.options import Duration, Options, check_int, seconds
 from novaque.schema import (
@@ -143,6 +143,9 @@ class CoreClient:
         self._wakers: dict[str, list[Callable[[], None]]] = {}
         self._default_ttl = seconds(self.options.default_ttl, "Options.default_ttl")
         self._default_lease = seconds(self.options.default_lease, "Options.default_lease")
+        self._consumer_heartbeat = seconds(
+            self.options.consumer_heartbeat, "Options.consumer_heartbeat"
+        )
 
     def __repr__(self) -> str:
         return f"<novaque.Client {self._dialect.name} {self.engine.url.render_as_string()}>"
@@ -1095,8 +1098,9 @@ class CoreClient:
         """Run one pass of every maintenance job, synchronously.
 
         The lease reaper, TTL purge, dead-letter retention, stats flush and
-        stats prune. For tests, and for deployments that run maintenance from
-        cron instead of calling :meth:`start`.
+        stats prune, and the cleanup of consumers that died. For tests, and
+        for deployments that run maintenance from cron instead of calling
+        :meth:`start`.
         """
         self._ready()
         self._resample_clock()
@@ -1104,6 +1108,7 @@ class CoreClient:
         self._purge_pass()
         self.flush_stats()
         self.prune_stats()
+        self.forget_stale_consumers()
 
     def _purge_pass(self) -> int:
         """The purge job of a maintenance pass: TTL purge (and, with the
@@ -1157,16 +1162,27 @@ class CoreClient:
         if not taken:
             return
         try:
-            self._run_op("", maintain.flush_stats, maintain.stats_rows(taken))
+            self._run_op("", maintain.flush_stats, *maintain.stats_rows(taken))
         except BaseException:
             self._stats.give_back(taken)
             raise
 
     def prune_stats(self) -> int:
-        """Delete day buckets older than ``Options.stats_retention_days``; return how many."""
-        today = day_of(self._now())
-        first_kept = today - timedelta(days=self.options.stats_retention_days - 1)
-        return self._run_op("", maintain.prune_stats, first_kept)
+        """Delete day buckets older than ``Options.stats_retention_days``, and
+        minute buckets (:meth:`minute_counters`) older than 24 hours; return how
+        many day buckets went."""
+        now = self._now()
+        first_kept = day_of(now) - timedelta(days=self.options.stats_retention_days - 1)
+        first_minute = (now - MINUTES_KEPT_US) // MINUTE_US * MINUTE_US
+        return self._run_op("", maintain.prune_stats, first_kept, first_minute)
+
+    def forget_stale_consumers(self) -> int:
+        """Drop the consumers online (:meth:`list_consumers`) not seen for three
+        ``Options.consumer_heartbeat`` by the clock (their process died); return
+        how many. Part of :meth:`run_maintenance`, and of the maintenance loop
+        once per heartbeat."""
+        before = self._now() - int(3 * self._consumer_heartbeat * US)
+        return self._run_op("", presence.forget_stale, before)
 
 
 def _check_repeated_keys(

@@ -25,10 +25,11 @@ from datetime import date, datetime
 
 from novaque import _validate
 from novaque._core import CoreClient
+from novaque._stats import MINUTE_US, MINUTES_KEPT_US
 from novaque._time import US, to_us
 from novaque._waits import Waits
-from novaque.models import Backlog, Counters, DeadLetter, MessageInfo
-from novaque.ops import browse, maintain
+from novaque.models import Backlog, ConsumerInfo, Counters, DeadLetter, MessageInfo
+from novaque.ops import browse, maintain, presence
 from novaque.ops._sql import BACKLOG, DEAD_PAGE
 from novaque.options import check_int, seconds
 
@@ -87,6 +88,50 @@ class OperatingClient(CoreClient):
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
         return self._run_op("", browse.daily_counters, topic, channel, first, last)
+
+    def minute_counters(
+        self, topic: str, channel: str, *, since: datetime | None = None
+    ) -> list[tuple[datetime, Counters]]:
+        """One ``(minute, Counters)`` per UTC minute with activity, oldest first
+        (live throughput, for charts of the last hour).
+
+        Each event counts in its minute by the client's clock; minutes are
+        aware UTC datetimes on a whole minute. ``since`` (an aware datetime)
+        is inclusive: the minute it falls in is the first one read; without
+        it, the last 24 hours. Minute buckets are kept 24 hours (the stats
+        prune deletes older ones, at most ``Options.stats_prune_interval``
+        late). Reads flushed counters, like :meth:`channel_counters`: call
+        :meth:`flush_stats` first for this process's latest counts.
+        """
+        if since is None:
+            first = self._now() - MINUTES_KEPT_US
+        else:
+            first = to_us(_validate.moment(since, "since"))
+        _validate.name(topic, "topic")
+        _validate.name(channel, "channel")
+        first = first // MINUTE_US * MINUTE_US
+        return self._run_op("", browse.minute_counters, topic, channel, first)
+
+    # -- consumers online ---------------------------------------------------------------------
+
+    def list_consumers(
+        self, topic: str | None = None, channel: str | None = None
+    ) -> list[ConsumerInfo]:
+        """The consumers running now, in every process on this database, by
+        topic, channel and start (``topic``/``channel``: only those).
+
+        Each started consumer registers itself, refreshes its row every
+        ``Options.consumer_heartbeat`` (with its current ``in_flight``) and
+        removes it at shutdown; a consumer whose process died is listed until
+        maintenance drops it, three heartbeats after its last one (by the
+        clock). A name no consumer runs on gives ``[]`` (no
+        :class:`TopicNotFound`: the list is about processes).
+        """
+        if topic is not None:
+            _validate.name(topic, "topic")
+        if channel is not None:
+            _validate.name(channel, "channel")
+        return self._run_op("", presence.list_consumers, topic, channel)
 
     # -- backlog ------------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ import sqlalchemy as sa
 
 from novaque import _validate
 from novaque._core import CoreClient
+from novaque._presence import Presence
 from novaque._signals import Signals
 from novaque._waits import Event, Runner, jittered
 from novaque.consumer import Consumer, Handler, RetryDelay
@@ -101,6 +102,8 @@ class RuntimeClient(CoreClient):
         #: ``flush``, ``prune``, ``errors``), and listener events: tests wait
         #: on these instead of sleeping.
         self._runtime_signals = Signals()
+        #: Consumers online: the rows of this client's running consumers.
+        self._presence = Presence(self, self._consumer_heartbeat)
 
     # -- consumers ------------------------------------------------------------------
 
@@ -220,14 +223,21 @@ class RuntimeClient(CoreClient):
         with self._runtime_lock:
             self._running_consumers.add(consumer)
             self._listen_locked()
+        self._presence.joined(consumer)
 
     def _consumer_stopped(self, consumer: Consumer) -> None:
         self._remove_waker(consumer.topic, consumer._wake_up)
+        self._presence.left(consumer)
         with self._runtime_lock:
             self._running_consumers.discard(consumer)
             if consumer in self._consumers:
                 self._consumers.remove(consumer)
         self._stop_listener(timeout=5.0, unless_needed=True)
+
+    def _beat_consumers(self) -> None:
+        """Refresh the consumers online rows of this client's consumers now
+        (what its heartbeat loop does every ``Options.consumer_heartbeat``)."""
+        self._presence.beat()
 
     def _release(self, msgs: Sequence[Message]) -> int:
         """Release leased, unstarted deliveries at once; their attempt is not counted."""
@@ -403,6 +413,7 @@ class RuntimeClient(CoreClient):
             _Job("purge", seconds(o.purge_interval, "purge_interval"), self._purge_pass),
             _Job("flush", seconds(o.stats_flush_interval, "flush"), self.flush_stats),
             _Job("prune", seconds(o.stats_prune_interval, "prune"), self.prune_stats),
+            _Job("consumers", self._consumer_heartbeat, self.forget_stale_consumers),
         ]
 
     def _counters_added(self) -> None:

@@ -1,9 +1,11 @@
 """In-memory counter deltas, flushed to ``novaque_stats`` in batches.
 
-Hot paths only add to a dict under a lock; :meth:`StatsBuffer.take` hands the
+Hot paths only add to a dict under a lock, keyed by (channel, UTC minute of
+the event by the client's clock); :meth:`StatsBuffer.take` hands the
 accumulated deltas to the flusher, which adds them to the (channel, day)
-buckets with one upsert. A failed flush gives the deltas back, so counters are
-never lost, only late.
+buckets and to the (channel, minute) buckets of the live throughput, one
+upsert each, in one transaction. A failed flush gives the deltas back, so
+counters are never lost, only late.
 """
 
 from __future__ import annotations
@@ -11,13 +13,17 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Callable
-from datetime import date
 
 from novaque.schema import COUNTER_COLUMNS
 
 FIELD_INDEX = {name: i for i, name in enumerate(COUNTER_COLUMNS)}
 
-Key = tuple[int, date]  # (channel_id, UTC day)
+#: Microseconds in a minute: an event at ``now`` falls in minute ``now // MINUTE_US``.
+MINUTE_US = 60_000_000
+#: How far back minute counters are kept (and read by default): 24 hours.
+MINUTES_KEPT_US = 24 * 60 * MINUTE_US
+
+Key = tuple[int, int]  # (channel_id, UTC minute: whole minutes since the epoch)
 
 
 class StatsBuffer:
@@ -29,14 +35,15 @@ class StatsBuffer:
         self._deltas: defaultdict[Key, list[int]] = defaultdict(lambda: [0] * len(COUNTER_COLUMNS))
         self._on_first = on_first
 
-    def add(self, field: str, day: date, channel_ids: dict[int, int]) -> None:
-        """Add ``channel_ids[channel] `` to ``field`` of each channel's bucket for ``day``."""
+    def add(self, field: str, minute: int, channel_ids: dict[int, int]) -> None:
+        """Add ``channel_ids[channel]`` to ``field`` of each channel's bucket for
+        ``minute`` (whole minutes since the epoch)."""
         index = FIELD_INDEX[field]
         with self._lock:
             was_empty = not self._deltas
             for channel_id, count in channel_ids.items():
                 if count:
-                    self._deltas[(channel_id, day)][index] += count
+                    self._deltas[(channel_id, minute)][index] += count
             first = was_empty and bool(self._deltas)
         if first and self._on_first is not None:
             self._on_first()
@@ -75,13 +82,14 @@ class Tally:
     """
 
     def __init__(self) -> None:
-        self._entries: list[tuple[str, date, dict[int, int]]] = []
+        self._entries: list[tuple[str, int, dict[int, int]]] = []
 
-    def add(self, field: str, day: date, channel_ids: dict[int, int]) -> None:
-        """Record ``channel_ids[channel]`` more of ``field`` on ``day``."""
+    def add(self, field: str, now: int, channel_ids: dict[int, int]) -> None:
+        """Record ``channel_ids[channel]`` more of ``field`` at ``now`` (epoch
+        microseconds by the client's clock: its UTC day and minute)."""
         if channel_ids:
-            self._entries.append((field, day, dict(channel_ids)))
+            self._entries.append((field, now // MINUTE_US, dict(channel_ids)))
 
     def apply(self, buffer: StatsBuffer) -> None:
-        for field, day, channel_ids in self._entries:
-            buffer.add(field, day, channel_ids)
+        for field, minute, channel_ids in self._entries:
+            buffer.add(field, minute, channel_ids)

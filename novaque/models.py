@@ -9,6 +9,7 @@ from typing import Literal
 __all__ = [
     "Backlog",
     "ChannelSettings",
+    "ConsumerInfo",
     "Counters",
     "DeadLetter",
     "DeliveryInfo",
@@ -172,3 +173,25 @@ class ChannelSettings:
     dead_max_bytes: int | None
     dead_letter_expired: bool | None
     paused: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerInfo:
+    """A running consumer, as :meth:`novaque.Client.list_consumers` lists it.
+
+    ``host`` and ``pid`` name its process; ``max_in_flight`` is its number of
+    workers and ``in_flight`` the deliveries it held at its last heartbeat
+    (every ``Options.consumer_heartbeat``); ``started_at`` and
+    ``heartbeat_at`` are by the clock of its client. A consumer whose process
+    died stays listed until maintenance drops it, three heartbeats after its
+    last one.
+    """
+
+    host: str
+    pid: int
+    topic: str
+    channel: str
+    max_in_flight: int
+    in_flight: int
+    started_at: datetime
+    heartbeat_at: datetime

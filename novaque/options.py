@@ -112,6 +112,7 @@ class Options:
     dead_max_count: int | None = None
     dead_max_bytes: int | None = None
     dead_letter_expired: bool = False
+    consumer_heartbeat: Duration = 10.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -122,6 +123,7 @@ class Options:
             "stats_flush_interval",
             "stats_prune_interval",
             "default_ttl",
+            "consumer_heartbeat",
         ):
             seconds(getattr(self, name), f"Options.{name}", allow_zero=False)
         if self.dead_max_age is not None:

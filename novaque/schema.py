@@ -30,11 +30,13 @@ __all__ = [
     "STATE_LEASED",
     "STATE_READY",
     "channels",
+    "consumers",
     "deliveries",
     "groups",
     "include_object",
     "messages",
     "metadata",
+    "minute_stats",
     "stats",
     "topics",
     "upgrade",
@@ -247,6 +249,55 @@ stats = sa.Table(
     sa.Column("requeued", sa.BigInteger, nullable=False),
     sa.Column("dead", sa.BigInteger, nullable=False),
     sa.Column("purged", sa.BigInteger, nullable=False),
+    **_mysql_table,
+)
+
+#: The same counters per (channel, UTC minute), for the last 24 hours (live
+#: throughput): ``minute`` is the minute's first microsecond since the Unix
+#: epoch (a multiple of 60,000,000), like every other time column. The index
+#: on ``minute`` serves the prune of rows older than a day.
+minute_stats = sa.Table(
+    "novaque_minute_stats",
+    metadata,
+    sa.Column(
+        "channel_id",
+        sa.Integer,
+        sa.ForeignKey(channels.c.id, ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("minute", Micros, primary_key=True),
+    sa.Column("published", sa.BigInteger, nullable=False),
+    sa.Column("claimed", sa.BigInteger, nullable=False),
+    sa.Column("acked", sa.BigInteger, nullable=False),
+    sa.Column("requeued", sa.BigInteger, nullable=False),
+    sa.Column("dead", sa.BigInteger, nullable=False),
+    sa.Column("purged", sa.BigInteger, nullable=False),
+    sa.Index(None, "minute"),
+    **_mysql_table,
+)
+
+#: One row per running consumer (consumers online): registered at start,
+#: refreshed every ``Options.consumer_heartbeat`` with its ``in_flight``,
+#: deleted at shutdown; maintenance drops rows whose ``heartbeat_at`` is
+#: older than three heartbeats (a process that died). ``topic`` and
+#: ``channel`` are names, not ids: the row describes a process, and outlives
+#: nothing but itself. Ids are never reused (a late heartbeat of a dropped
+#: row must not refresh another consumer's).
+consumers = sa.Table(
+    "novaque_consumers",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("topic", Name, nullable=False),
+    sa.Column("channel", Name, nullable=False),
+    sa.Column("max_in_flight", sa.Integer, nullable=False),
+    sa.Column("in_flight", sa.Integer, nullable=False),
+    sa.Column("started_at", Micros, nullable=False),
+    sa.Column("heartbeat_at", Micros, nullable=False),
+    # the cleanup of the dead: a range of old heartbeats.
+    sa.Index(None, "heartbeat_at"),
+    sqlite_autoincrement=True,
     **_mysql_table,
 )
 

@@ -291,7 +291,8 @@ def test_overview_shape(web: WSGIClient, client: novaque.Client) -> None:
     client.ack(msg)
     client.flush_stats()
     data = web.get("/admin/api/overview").json()
-    assert set(data) == {"day", "topics"}
+    assert set(data) == {"day", "topics", "consumers"}
+    assert data["consumers"] == 0
     assert [t["name"] for t in data["topics"]] == ["empty", "orders"]
     orders = data["topics"][1]
     assert orders["today"]["published"] == 6
@@ -321,12 +322,14 @@ def test_overview_shape(web: WSGIClient, client: novaque.Client) -> None:
             "dead": 0,
             "purged": 0,
         },
+        "consumers": 0,
     }
     assert shipping["backlog"]["ready"] == 3
     assert data["topics"][0] == {
         "name": "empty",
         "channels": [],
         "today": orders["today"] | dict.fromkeys(orders["today"], 0),
+        "consumers": 0,
     }
 
 
@@ -557,7 +560,7 @@ def test_topic_api_shape(web: WSGIClient, client: novaque.Client) -> None:
     client.publish("orders", "x")
     client.flush_stats()
     data = web.get("/admin/api/topics/orders").json()
-    assert set(data) == {"day", "name", "channels", "today"}
+    assert set(data) == {"day", "name", "channels", "today", "consumers"}
     assert data["name"] == "orders"
     assert data["today"]["published"] == 1
     assert [c["name"] for c in data["channels"]] == ["billing"]

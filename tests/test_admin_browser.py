@@ -172,3 +172,45 @@ def test_dashboard_topic_channel_publish_dead_letter_requeue(page: Any, served: 
     expect(topic_ready).to_have_text("5", timeout=15_000)
     assert page.evaluate("window.marker") == "topic page"
     assert page.problems == []
+
+
+def test_live_chart_and_consumers_online(page: Any, served: Any) -> None:
+    client, server = served
+    admin = f"{server.base_url}/admin/"
+    client.ensure_channel("orders", "audit")
+    consumer = client.subscribe_and_start("orders", "billing", lambda m: None, max_in_flight=3)
+    try:
+        client.publish_many("orders", [b"1", b"2", b"3"])
+        assert consumer._signals.wait("acked", 3, 30)
+        client.flush_stats()
+
+        # The dashboard: the consumers online, the last hour of every channel.
+        page.goto(admin)
+        expect(page.locator('[data-totals] [data-field="consumers"]')).to_have_text("1")
+        row = page.locator('tr[data-channel="billing"]')
+        expect(row.locator('[data-field="consumers"]')).to_have_text("1")
+        expect(page.locator('tr[data-channel="audit"] [data-field="consumers"]')).to_have_text("0")
+        expect(page.locator("#live-chart svg polyline")).to_have_count(4)
+        expect(page.locator("#live-chart svg title").first).to_contain_text("every channel")
+        # Points only where something happened: 3 published (2 channels), 3 acked.
+        expect(page.locator("#live-chart svg circle")).to_have_count(2)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "admin-dashboard-live.png"), full_page=True)
+
+        # The channel page: the daily trend and the last hour side by side, and who consumes.
+        page.goto(f"{admin}topics/orders/channels/billing")
+        expect(page.locator("#chart svg polyline")).to_have_count(4)
+        expect(page.locator("#live-chart svg polyline")).to_have_count(4)
+        rows = page.locator("#consumers tbody tr")
+        expect(rows).to_have_count(1)
+        expect(rows.first.locator("td").nth(2)).to_have_text("0 / 3")
+        expect(page.get_by_text("No consumer runs on this channel.")).to_be_hidden()
+        page.screenshot(path=str(ARTIFACTS / "admin-channel-live.png"), full_page=True)
+        page.evaluate("window.marker = 'same page'")
+    finally:
+        consumer.shutdown()
+    # The table follows without a reload once the consumer is gone.
+    expect(page.locator("#consumers tbody tr")).to_have_count(0, timeout=15_000)
+    expect(page.get_by_text("No consumer runs on this channel.")).to_be_visible()
+    assert page.evaluate("window.marker") == "same page"
+    assert page.problems == []

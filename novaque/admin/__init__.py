@@ -7,10 +7,12 @@
     app = create_app(client, prefix="/admin", basic_auth=("ops", "s3cret"))
 
 Pages: a dashboard of topics and channels (backlog per state, today's
-counters, refreshed live), a channel page with a trend chart of the daily
-counters, a dead-letter browser (requeue/delete), a message browser with
-replay, and create/delete of topics and channels. A JSON API lives under
-``{prefix}/api/``. See ``docs/admin.md`` for the endpoints, mounting recipes
+counters, consumers online, refreshed live), a channel page with a trend
+chart of the daily counters and one of the last hour per minute, a
+dead-letter browser (requeue/delete), a message browser with replay, and
+create/delete of topics and channels. A JSON API lives under
+``{prefix}/api/``; with ``metrics=True``, Prometheus metrics under
+``{prefix}/metrics``. See ``docs/admin.md`` for the endpoints, mounting recipes
 (Flask, Django, Starlette/FastAPI) and the security model.
 """
 
@@ -28,6 +30,7 @@ def create_app(
     *,
     prefix: str = "/admin",
     basic_auth: tuple[str, str] | None = None,
+    metrics: bool = False,
 ) -> AdminApp:
     """The admin UI for ``client`` as a WSGI application.
 
@@ -39,5 +42,12 @@ def create_app(
     Mutations are POST only and need the CSRF token (double-submit cookie,
     repeated in the ``X-CSRF-Token`` header) and a same-origin ``Origin`` or
     ``Referer`` when the browser sends one; otherwise they answer 403.
+
+    ``metrics=True`` serves ``{prefix}/metrics`` in the Prometheus text format
+    (``novaque_backlog``, ``novaque_oldest_ready_age_seconds``,
+    ``novaque_today_total``, ``novaque_consumers``; see the guide,
+    "Observability"), behind the same basic auth; it needs the
+    ``prometheus`` extra (``pip install 'novaque[prometheus]'``). Without it
+    the path answers 404.
     """
-    return AdminApp(client, prefix=prefix, basic_auth=basic_auth)
+    return AdminApp(client, prefix=prefix, basic_auth=basic_auth, metrics=metrics)

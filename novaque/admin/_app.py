@@ -21,6 +21,7 @@ from novaque.admin._http import (
     csrf_cookie,
     csrf_token,
 )
+from novaque.admin._metrics import Metrics
 from novaque.admin._pages import Pages
 from novaque.client import Client
 from novaque.errors import (
@@ -76,7 +77,10 @@ class AdminApp:
         *,
         prefix: str = "/admin",
         basic_auth: tuple[str, str] | None = None,
+        metrics: bool = False,
     ) -> None:
+        if not isinstance(metrics, bool):
+            raise InvalidOption(f"metrics must be True or False, got {type(metrics).__name__}")
         if not isinstance(prefix, str) or (prefix and not prefix.startswith("/")):
             raise InvalidOption(f"prefix must be '' or start with '/', got {prefix!r}")
         if basic_auth is not None and not (
@@ -95,6 +99,8 @@ class AdminApp:
         self.basic_auth = basic_auth
         self._pages: list[tuple[str, re.Pattern[str], Handler]] = []
         self._api: list[tuple[str, re.Pattern[str], Handler]] = []
+        #: The Prometheus endpoint's collector (``metrics=True``), else None.
+        self.metrics = Metrics(client) if metrics else None
         self._register()
 
     # -- WSGI entry point -------------------------------------------------------------
@@ -189,6 +195,8 @@ class AdminApp:
         page.append(("GET", _route("/topics/{topic}/channels/{channel}"), self.page_channel))
         page.append(("GET", _route("/topics/{topic}/channels/{channel}/dead"), self.page_dead))
         page.append(("GET", _route("/messages/{id}"), self.page_message))
+        if self.metrics is not None:
+            page.append(("GET", _route("/metrics"), self.page_metrics))
 
         api = self._api
         api.append(("GET", _route("/csrf"), self.api_csrf))
@@ -212,6 +220,9 @@ class AdminApp:
             ("POST", _route("/topics/{topic}/channels/{channel}/resume"), self.api_resume_channel)
         )
         api.append(("GET", _route("/topics/{topic}/channels/{channel}/daily"), self.api_daily))
+        api.append(("GET", _route("/topics/{topic}/channels/{channel}/minutes"), self.api_minutes))
+        api.append(("GET", _route("/minutes"), self.api_all_minutes))
+        api.append(("GET", _route("/consumers"), self.api_consumers))
         api.append(("GET", _route("/topics/{topic}/channels/{channel}/dead"), self.api_dead))
         api.append(
             (
@@ -257,6 +268,10 @@ class AdminApp:
             after_id=after_id,
         )
         return self._html(call.pages.dead(data, after_id))
+
+    def page_metrics(self, call: Call) -> Response:
+        assert self.metrics is not None
+        return Response(self.metrics.render(), 200, self.metrics.content_type)
 
     def page_messages(self, call: Call) -> Response:
         data = self._messages(call)
@@ -304,6 +319,21 @@ class AdminApp:
                 _data.parse_date(query.get("since"), "since"),
                 _data.parse_date(query.get("until"), "until"),
             )
+        )
+
+    def api_minutes(self, call: Call) -> Response:
+        """The channel's last hour, per minute (every minute listed, zeros too)."""
+        return Response.json(_data.minutes(self.client, call.name("topic"), call.name("channel")))
+
+    def api_all_minutes(self, call: Call) -> Response:
+        """Every channel's last hour added up, per minute."""
+        return Response.json(_data.all_minutes(self.client))
+
+    def api_consumers(self, call: Call) -> Response:
+        """The consumers online; ``?topic=`` and ``?channel=`` narrow it."""
+        query = call.request.query
+        return Response.json(
+            _data.consumers(self.client, query.get("topic") or None, query.get("channel") or None)
         )
 
     def api_dead(self, call: Call) -> Response:

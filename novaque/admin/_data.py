@@ -16,13 +16,22 @@ from novaque._validate import MAX_ID
 from novaque.admin._http import HTTPError
 from novaque.client import Client
 from novaque.errors import ChannelNotFound, TopicNotFound
-from novaque.models import Backlog, Counters, DeadLetter, DeliveryInfo, MessageInfo
+from novaque.models import (
+    Backlog,
+    ConsumerInfo,
+    Counters,
+    DeadLetter,
+    DeliveryInfo,
+    MessageInfo,
+)
 
 #: Characters of a body shown in lists; the message page shows more.
 PREVIEW_BYTES = 200
 DETAIL_PREVIEW_BYTES = 16 * 1024
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
+#: Minutes in the live chart ("last hour, per minute"), the current one included.
+LIVE_MINUTES = 60
 
 _INT = re.compile(r"[0-9]{1,19}")
 
@@ -185,7 +194,9 @@ def settings(client: Client, topic: str, channel: str) -> dict[str, Any]:
     }
 
 
-def channel_summary(client: Client, topic: str, channel: str, day: date) -> dict[str, Any]:
+def channel_summary(
+    client: Client, topic: str, channel: str, day: date, online: int = 0
+) -> dict[str, Any]:
     found = client.channel_backlog(topic, channel)
     return {
         "name": channel,
@@ -193,18 +204,35 @@ def channel_summary(client: Client, topic: str, channel: str, day: date) -> dict
         "backlog": backlog(found),
         "oldest_ready_age": ready_age(found, now(client)),
         "today": counters(client.channel_counters(topic, channel, since=day, until=day)),
+        "consumers": online,
     }
 
 
 def topic_summary(client: Client, topic: str, day: date) -> dict[str, Any]:
     names = client.list_channels(topic)
-    channel_rows = [channel_summary(client, topic, name, day) for name in names]
+    online = _online(client.list_consumers(topic))
+    channel_rows = [
+        channel_summary(client, topic, name, day, online.get(name, 0)) for name in names
+    ]
     total = {key: sum(row["today"][key] for row in channel_rows) for key in counters(Counters())}
-    return {"name": topic, "channels": channel_rows, "today": total}
+    return {
+        "name": topic,
+        "channels": channel_rows,
+        "today": total,
+        "consumers": sum(online.values()),
+    }
+
+
+def _online(found: list[ConsumerInfo]) -> dict[str, int]:
+    """Consumers online per channel name."""
+    counts: dict[str, int] = {}
+    for info in found:
+        counts[info.channel] = counts.get(info.channel, 0) + 1
+    return counts
 
 
 def overview(client: Client) -> dict[str, Any]:
-    """Every topic with its channels' backlog and today's counters."""
+    """Every topic with its channels' backlog, today's counters and consumers online."""
     day = today(client)
     result = []
     for topic in client.list_topics():
@@ -212,7 +240,87 @@ def overview(client: Client) -> dict[str, Any]:
             result.append(topic_summary(client, topic, day))
         except (TopicNotFound, ChannelNotFound):
             continue  # deleted while we were reading
-    return {"day": day.isoformat(), "topics": result}
+    return {
+        "day": day.isoformat(),
+        "topics": result,
+        "consumers": sum(t["consumers"] for t in result),
+    }
+
+
+def consumer(info: ConsumerInfo) -> dict[str, Any]:
+    return {
+        "host": info.host,
+        "pid": info.pid,
+        "topic": info.topic,
+        "channel": info.channel,
+        "max_in_flight": info.max_in_flight,
+        "in_flight": info.in_flight,
+        "started_at": iso(info.started_at),
+        "heartbeat_at": iso(info.heartbeat_at),
+    }
+
+
+def consumers(client: Client, topic: str | None, channel: str | None) -> dict[str, Any]:
+    """The consumers online (of a topic, a channel), as :meth:`Client.list_consumers`."""
+    found = client.list_consumers(topic, channel)
+    return {
+        "topic": topic,
+        "channel": channel,
+        "heartbeat": seconds_of(client.options.consumer_heartbeat),
+        "consumers": [consumer(info) for info in found],
+    }
+
+
+def seconds_of(value: timedelta | float) -> float:
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+def _live_window(client: Client) -> list[datetime]:
+    """The minutes of the live chart, oldest first, the current one last."""
+    current = now(client).replace(second=0, microsecond=0)
+    return [current - timedelta(minutes=n) for n in range(LIVE_MINUTES - 1, -1, -1)]
+
+
+def _dense(window: list[datetime], rows: dict[datetime, Counters]) -> list[dict[str, Any]]:
+    return [{"minute": m.isoformat(), **counters(rows.get(m, Counters()))} for m in window]
+
+
+def minutes(client: Client, topic: str, channel: str) -> dict[str, Any]:
+    """A channel's counters of the last hour, one entry per minute (zeros included)."""
+    window = _live_window(client)
+    rows = dict(client.minute_counters(topic, channel, since=window[0]))
+    return {
+        "topic": topic,
+        "channel": channel,
+        "since": window[0].isoformat(),
+        "until": window[-1].isoformat(),
+        "minutes": _dense(window, rows),
+    }
+
+
+def all_minutes(client: Client) -> dict[str, Any]:
+    """Every channel's counters of the last hour added up, one entry per minute."""
+    window = _live_window(client)
+    total: dict[datetime, Counters] = {}
+    for topic in client.list_topics():
+        try:
+            names = client.list_channels(topic)
+        except TopicNotFound:
+            continue
+        for name in names:
+            try:
+                found = client.minute_counters(topic, name, since=window[0])
+            except (TopicNotFound, ChannelNotFound):
+                continue  # deleted while we were reading
+            for minute, counts in found:
+                total[minute] = total.get(minute, Counters()) + counts
+    return {
+        "topic": None,
+        "channel": None,
+        "since": window[0].isoformat(),
+        "until": window[-1].isoformat(),
+        "minutes": _dense(window, total),
+    }
 
 
 def channel_detail(client: Client, topic: str, channel: str) -> dict[str, Any]:
@@ -224,6 +332,7 @@ def channel_detail(client: Client, topic: str, channel: str) -> dict[str, Any]:
         "channel": channel,
         "settings": settings(client, topic, channel),
         "day": day.isoformat(),
+        "consumers": consumers(client, topic, channel)["consumers"],
         "backlog": backlog(found),
         "oldest_ready_age": ready_age(found, now(client)),
         "today": counters(client.channel_counters(topic, channel, since=day, until=day)),

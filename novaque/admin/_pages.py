@@ -173,17 +173,20 @@ class Pages:
   {self.name_form("/topics", "Create topic", "new topic name")}
 </div>
 <p class="muted">Backlog is live; counters are for today ({h(data["day"])}, UTC).
-The numbers refresh every few seconds.</p>
+The numbers refresh every few seconds.
+<span class="online" data-totals>Consumers online:
+<strong data-field="consumers">{data["consumers"]}</strong></span></p>
 <div id="topics" data-refresh="{h(self.api("/overview"))}">
 {"".join(sections)}
-</div>"""
+</div>
+{self._live_chart(self.api("/minutes"), "every channel")}"""
         return self.layout("Dashboard", body, page="dashboard")
 
     def _topic_card(self, topic: dict[str, Any]) -> str:
         name = topic["name"]
         rows = "".join(self._channel_row(name, c) for c in topic["channels"])
         if not rows:
-            rows = f'<tr><td colspan="{2 + len(STATES) + len(TODAY)}" class="empty">'
+            rows = f'<tr><td colspan="{3 + len(STATES) + len(TODAY)}" class="empty">'
             rows += "No channels: messages are kept but not delivered.</td></tr>"
         return f"""
 <section class="card topic" data-topic="{h(name)}">
@@ -202,10 +205,11 @@ The numbers refresh every few seconds.</p>
         state_heads += '<th class="num" title="how long the oldest ready delivery has waited">'
         state_heads += "Oldest ready</th>"
         today_heads = "".join(f'<th class="num today">{s.capitalize()}</th>' for s in TODAY)
+        online_head = '<th class="num" title="consumers online, every process">Consumers</th>'
         return f"""<table class="grid">
-<thead><tr><th>Channel</th>{state_heads}{today_heads}</tr>
+<thead><tr><th>Channel</th>{state_heads}{today_heads}{online_head}</tr>
 <tr class="sub"><th></th><th colspan="{len(STATES) + 1}">backlog</th>
-<th colspan="{len(TODAY)}" class="today">today</th></tr></thead>
+<th colspan="{len(TODAY)}" class="today">today</th><th>online</th></tr></thead>
 <tbody>{rows}</tbody></table>"""
 
     @staticmethod
@@ -231,6 +235,7 @@ The numbers refresh every few seconds.</p>
             f'<td class="num today" data-field="today.{c}">{channel["today"][c]}</td>'
             for c in TODAY
         )
+        cells += f'<td class="num online" data-field="consumers">{channel["consumers"]}</td>'
         dead_link = self._setting_tags(channel["settings"])
         if channel["backlog"]["dead"]:
             dead_link = (
@@ -246,7 +251,7 @@ The numbers refresh every few seconds.</p>
         name = data["name"]
         rows = "".join(self._channel_row(name, c) for c in data["channels"])
         if not rows:
-            rows = f'<tr><td colspan="{2 + len(STATES) + len(TODAY)}" class="empty">'
+            rows = f'<tr><td colspan="{3 + len(STATES) + len(TODAY)}" class="empty">'
             rows += "No channels yet.</td></tr>"
         body = f"""
 <div class="bar">
@@ -362,6 +367,7 @@ The numbers refresh every few seconds.</p>
 <div class="stats" data-refresh-channel="{h(self.api(f"/topics/{q(topic)}/channels/{q(name)}"))}">{
             backlog
         }</div></section>
+<div class="charts">
 <section class="card">
   <h2>Trend <span class="muted">{h(days["since"])} to {h(days["until"])}, per UTC day</span></h2>
   <div id="chart" class="chart" data-daily="{
@@ -370,6 +376,9 @@ The numbers refresh every few seconds.</p>
     <p class="muted">The chart needs JavaScript; the table below has the same numbers.</p>
   </div>
 </section>
+{self._live_chart(self.api(f"/topics/{q(topic)}/channels/{q(name)}/minutes"), "this channel")}
+</div>
+{self._consumers(data["consumers"])}
 <section class="card"><h2>Counters</h2>
 <table class="grid"><thead><tr><th></th>{heads}</tr></thead><tbody>
 <tr><th>Today</th>{today}</tr>
@@ -384,6 +393,33 @@ The numbers refresh every few seconds.</p>
             page="channel",
             crumbs=[(topic, self.topic_url(topic)), (name, self.channel_url(topic, name))],
         )
+
+    @staticmethod
+    def _live_chart(api_url: str, what: str) -> str:
+        """The "last hour, per minute" chart, redrawn live by admin.js."""
+        return f"""<section class="card">
+  <h2>Last hour <span class="muted">per minute, {h(what)}</span></h2>
+  <div id="live-chart" class="chart" data-minutes="{h(api_url)}">
+    <p class="muted">The chart needs JavaScript.</p>
+  </div>
+</section>"""
+
+    @staticmethod
+    def _consumers(found: list[dict[str, Any]]) -> str:
+        """The consumers online of a channel (rows rebuilt live by admin.js)."""
+        rows = "".join(
+            f'<tr><td>{h(c["host"])}</td><td class="num">{h(c["pid"])}</td>'
+            f'<td class="num">{h(c["in_flight"])} / {h(c["max_in_flight"])}</td>'
+            f"<td>{when(c['started_at'])}</td><td>{when(c['heartbeat_at'])}</td></tr>"
+            for c in found
+        )
+        return f"""<section class="card"><h2>Consumers online
+<span class="muted" data-field="consumer_count">{len(found)}</span></h2>
+<table class="grid" id="consumers"><thead><tr><th>Host</th><th class="num">PID</th>
+<th class="num">In flight / max</th><th>Started (UTC)</th><th>Last heartbeat (UTC)</th></tr></thead>
+<tbody>{rows}</tbody></table>
+<p class="muted empty-note"{"" if not found else " hidden"}>No consumer runs on this channel.</p>
+</section>"""
 
     def dead(self, data: dict[str, Any], after_id: int | None) -> str:
         topic, name = data["topic"], data["channel"]

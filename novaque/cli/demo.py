@@ -3,8 +3,10 @@
 Migrates the database, serves the admin UI, publishes a stream of sample
 order events to the ``orders`` topic and consumes its two channels,
 ``billing`` and ``shipping``, with handlers that fail now and then: so
-retries, backoff and dead letters show up on the dashboard. Prints the admin
-URL and a live progress line; Ctrl-C (or ``--duration``) stops it cleanly.
+retries, backoff and dead letters show up on the dashboard, with the consumers
+online and the last hour per minute. Serves the Prometheus metrics too when
+``prometheus_client`` is installed. Prints the admin URL and a live progress
+line; Ctrl-C (or ``--duration``) stops it cleanly.
 """
 
 from __future__ import annotations
@@ -132,12 +134,15 @@ def run_demo(args: argparse.Namespace, context: Context) -> int:
         default_max_attempts=4,
         backoff=novaque.Backoff(base=1.0, cap=8.0),
         stats_flush_interval=1.0,
+        # The admin's consumers online show each consumer's load: refresh it often.
+        consumer_heartbeat=2.0,
     )
     client.migrate()
     for channel in CHANNELS:
         client.ensure_channel(TOPIC, channel)
+    metrics = _has_prometheus_client()
     with listening(args.host, args.port):
-        server = start_background(create_app(client), args.host, args.port)
+        server = start_background(create_app(client, metrics=metrics), args.host, args.port)
     stop = threading.Event()
     tally = Tally()
     handlers = {
@@ -154,10 +159,15 @@ def run_demo(args: argparse.Namespace, context: Context) -> int:
     previous = _on_sigterm(stop)
     print(f"novaque demo on {context.shown_url}")
     print(f"admin UI: {server.base_url}/admin/", flush=True)
+    if metrics:
+        print(f"Prometheus metrics: {server.base_url}/admin/metrics", flush=True)
     print("publishing orders to 'orders' (channels: billing, shipping); Ctrl-C stops", flush=True)
     client.start()  # maintenance loops: lease reaper, TTL purge, stats flush
     for channel, handler in handlers.items():
         client.subscribe_and_start(TOPIC, channel, handler, max_in_flight=4)
+    # A second consumer of billing, as a second worker process would be: the
+    # admin lists both under consumers online.
+    client.subscribe_and_start(TOPIC, "billing", handlers["billing"], max_in_flight=2)
     for worker in workers:
         worker.start()
     deadline = None if args.duration is None else time.monotonic() + args.duration
@@ -186,6 +196,14 @@ def run_demo(args: argparse.Namespace, context: Context) -> int:
     print("stopped cleanly; the data stays in the database (browse it with `novaque admin`)")
     errors = [w.name for w in workers if getattr(w, "failed", False)]
     return 1 if errors else 0
+
+
+def _has_prometheus_client() -> bool:
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _produce(

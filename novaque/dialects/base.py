@@ -568,12 +568,18 @@ class Dialect:
 
     # -- stats ----------------------------------------------------------------------
 
-    def upsert_stats(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
-        """Add counter deltas to their (channel, day) buckets, creating missing ones."""
-        insert = self._insert(stats)
+    def upsert_stats(
+        self, conn: sa.Connection, rows: list[dict[str, Any]], table: sa.Table = stats
+    ) -> None:
+        """Add counter deltas to their buckets, creating missing ones: (channel,
+        day) in ``novaque_stats``, or (channel, minute) in ``table``
+        ``novaque_minute_stats`` (one upsert statement either way)."""
+        if not rows:
+            return
+        insert = self._insert(table)
         stmt = insert.on_conflict_do_update(
-            index_elements=[stats.c.channel_id, stats.c.day],
-            set_={c: stats.c[c] + insert.excluded[c] for c in COUNTER_COLUMNS},
+            index_elements=list(table.primary_key.columns),
+            set_={c: table.c[c] + insert.excluded[c] for c in COUNTER_COLUMNS},
         )
         conn.execute(stmt, rows)
 

@@ -379,9 +379,13 @@ class MySQLDialect(Dialect):
             conn.execute(self._delete_ids, {"p_ids": [r[0] for r in held]})
         return [int(r[1]) for r in held]
 
-    def upsert_stats(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
-        insert = mysql_dialect.insert(stats)
+    def upsert_stats(
+        self, conn: sa.Connection, rows: list[dict[str, Any]], table: sa.Table = stats
+    ) -> None:
+        if not rows:
+            return
+        insert = mysql_dialect.insert(table)
         stmt = insert.on_duplicate_key_update(
-            {c: stats.c[c] + insert.inserted[c] for c in COUNTER_COLUMNS}
+            {c: table.c[c] + insert.inserted[c] for c in COUNTER_COLUMNS}
         )
         conn.execute(stmt, rows)

@@ -21,6 +21,7 @@ from novaque.schema import (
     channels,
     deliveries,
     messages,
+    minute_stats,
     stats,
     topics,
 )
@@ -41,6 +42,16 @@ def _ids(name: str = "p_ids") -> sa.BindParameter[Any]:
 
 _sums = [sa.func.coalesce(sa.func.sum(stats.c[col]), 0) for col in COUNTER_COLUMNS]
 _channels_of = sa.select(channels.c.id).where(channels.c.topic_id == _p("p_topic_id", sa.Integer))
+
+#: A channel's minute buckets from ``p_first`` on (a range of its primary key).
+MINUTES = (
+    sa.select(minute_stats.c.minute, *(minute_stats.c[col] for col in COUNTER_COLUMNS))
+    .where(
+        minute_stats.c.channel_id == _p("p_channel", sa.Integer),
+        minute_stats.c.minute >= _p("p_first"),
+    )
+    .order_by(minute_stats.c.minute)
+)
 
 # -- backlog: index-only range counts on ix_novaque_deliveries_state per channel ----
 #

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from datetime import date
+from datetime import date, datetime
 from typing import Any, Literal
 
 import sqlalchemy as sa
 
 from novaque import _filters, _validate, dialects
 from novaque._stats import Tally
-from novaque._time import day_of, from_us
+from novaque._time import from_us
 from novaque.errors import ChannelNotFound, MessageNotFound
 from novaque.models import (
     Backlog,
@@ -112,6 +112,17 @@ def daily_counters(
     )
     days = [(row[0], _counters(row[1:])) for row in conn.execute(stmt)]
     return [(day, counters) for day, counters in days if counters != Counters()]
+
+
+def minute_counters(
+    conn: sa.Connection, dialect: dialects.Dialect, topic: str, channel: str, first: int
+) -> list[tuple[datetime, Counters]]:
+    """The channel's minute buckets from minute ``first`` (epoch microseconds,
+    a whole minute) on, oldest first, without the empty ones."""
+    channel_id = existing_channel_id(conn, topic, channel)
+    rows = conn.execute(_sql.MINUTES, {"p_channel": channel_id, "p_first": first})
+    minutes = [(from_us(int(row[0])), _counters(row[1:])) for row in rows]
+    return [(minute, counters) for minute, counters in minutes if counters != Counters()]
 
 
 # -- backlog ------------------------------------------------------------------------------
@@ -284,7 +295,7 @@ def dead_batch(
             _sql._extend_expiry,
             {"p_ids": sorted({mid for _, mid in letters}), "p_expires": now + work.ttl_us},
         )
-        tally.add("requeued", day_of(now), {work.channel_id: done})
+        tally.add("requeued", now, {work.channel_id: done})
     if done:
         dialect.notify(conn, work.topic)
     return len(rows), done, last, Effects(tally=tally, wake=(work.topic,) if done else ())
@@ -335,10 +346,9 @@ def _move_letters(
             "p_expires": now + work.ttl_us,
         },
     )
-    day = day_of(now)
-    tally.add("purged", day, {work.channel_id: done})
-    tally.add("published", day, {target: done})
-    tally.add("requeued", day, {target: done})
+    tally.add("purged", now, {work.channel_id: done})
+    tally.add("published", now, {target: done})
+    tally.add("requeued", now, {target: done})
     return done
 
 
@@ -597,7 +607,7 @@ def _replay_rows(
     )
     insert_deliveries(conn, dialect, rows)
     dialect.notify(conn, topic)
-    done.tally.add("published", day_of(now), Counter(row["channel_id"] for row in rows))
+    done.tally.add("published", now, Counter(row["channel_id"] for row in rows))
     done.created += len(rows)
 
 

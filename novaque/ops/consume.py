@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from novaque import _validate, dialects
 from novaque._stats import Tally
-from novaque._time import day_of, from_us
+from novaque._time import from_us
 from novaque.models import Message
 from novaque.ops import Effects, _groups
 from novaque.schema import (
@@ -102,7 +102,7 @@ _release = (
 
 def _counted(field: str, now: int, channel_ids: dict[int, int]) -> Effects:
     tally = Tally()
-    tally.add(field, day_of(now), channel_ids)
+    tally.add(field, now, channel_ids)
     return Effects(tally=tally)
 
 
@@ -264,7 +264,7 @@ def ack_and_claim(
         )
     lost, effects = _settled(acks, done, now)
     if rows:
-        effects.tally.add("claimed", day_of(now), {channel_id: len(rows)})
+        effects.tally.add("claimed", now, {channel_id: len(rows)})
     return lost, rows, now, effects
 
 
@@ -464,13 +464,13 @@ def claim_deferred(
     tally = Tally()
     if spent:
         conn.execute(_bury_deferred, {"p_ids": spent, "p_now": now})
-        tally.add("dead", day_of(now), {channel_id: len(spent)})
+        tally.add("dead", now, {channel_id: len(spent)})
     if not chosen:
         return [], now, Effects(tally=tally)
     ids = sorted(int(r[0]) for r in chosen)
     conn.execute(_lease_deferred, {"p_ids": ids, "p_until": until, "p_token": token})
     leased = [(r[0], r[1], r[2] + 1, r[3], until, lease, r[4]) for r in chosen]
-    tally.add("claimed", day_of(now), {channel_id: len(chosen)})
+    tally.add("claimed", now, {channel_id: len(chosen)})
     return dialect._with_messages(conn, leased), now, Effects(tally=tally)
 
 
@@ -486,7 +486,7 @@ def pop(
         _groups.leave(conn, dialect, heads, gone=True)
     counted = {channel_id: len(rows)} if rows else {}
     effects = _counted("claimed", now, counted)
-    effects.tally.add("acked", day_of(now), counted)
+    effects.tally.add("acked", now, counted)
     return rows, now, effects
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from novaque import dialects
-from novaque._stats import Tally
+from novaque._stats import MINUTE_US, Tally
 from novaque._time import day_of
 from novaque.ops import Batch, Effects, _groups, _sql
 from novaque.schema import (
@@ -22,33 +22,46 @@ from novaque.schema import (
     channels,
     deliveries,
     messages,
+    minute_stats,
     stats,
 )
 
 d = deliveries
 
 
-def stats_rows(
-    deltas: dict[tuple[int, date], Any], only: str | None = None
-) -> list[dict[str, Any]]:
-    """Rows for :meth:`Dialect.upsert_stats`: ``deltas`` maps (channel, day) to the
-    counter values in :data:`COUNTER_COLUMNS` order, or, with ``only``, to the
-    count of that one counter."""
-    rows = []
-    for (channel_id, day), values in sorted(deltas.items()):
+#: What a flush writes: rows of the day table, rows of the minute table.
+StatsRows = tuple[list[dict[str, Any]], list[dict[str, Any]]]
+
+
+def stats_rows(deltas: dict[tuple[int, int], Any], only: str | None = None) -> StatsRows:
+    """Rows for :meth:`Dialect.upsert_stats`, per (channel, UTC day) and per
+    (channel, UTC minute): ``deltas`` maps (channel, minute since the epoch) to
+    the counter values in :data:`COUNTER_COLUMNS` order, or, with ``only``, to
+    the count of that one counter."""
+    days: dict[tuple[int, date], list[int]] = {}
+    minutes = []
+    for (channel_id, minute), values in sorted(deltas.items()):
         counts = (
-            dict(zip(COUNTER_COLUMNS, values, strict=True))
-            if only is None
-            else {c: values if c == only else 0 for c in COUNTER_COLUMNS}
+            list(values) if only is None else [values if c == only else 0 for c in COUNTER_COLUMNS]
         )
-        rows.append({"channel_id": channel_id, "day": day, **counts})
-    return rows
+        minutes.append(
+            {"channel_id": channel_id, "minute": minute * MINUTE_US}
+            | dict(zip(COUNTER_COLUMNS, counts, strict=True))
+        )
+        bucket = days.setdefault((channel_id, day_of(minute * MINUTE_US)), [0] * len(counts))
+        for i, count in enumerate(counts):
+            bucket[i] += count
+    day_rows = [
+        {"channel_id": channel_id, "day": day} | dict(zip(COUNTER_COLUMNS, counts, strict=True))
+        for (channel_id, day), counts in days.items()
+    ]
+    return day_rows, minutes
 
 
 def count_purged(channel_ids: list[int], now: int, tally: Tally) -> None:
     """Count deleted deliveries (one channel id each) as purged in ``tally``."""
     if channel_ids:
-        tally.add("purged", day_of(now), Counter(channel_ids))
+        tally.add("purged", now, Counter(channel_ids))
 
 
 def delete_deliveries_of(
@@ -134,7 +147,7 @@ def reap_batch(conn: sa.Connection, dialect: dialects.Dialect, now: int, batch: 
             dead[channel_id] += count
     _groups.leave(conn, dialect, dying)  # dead heads: their groups move on
     tally = Tally()
-    tally.add("dead", day_of(now), dead)
+    tally.add("dead", now, dead)
     return len(expired), changed, Effects(tally=tally)
 
 
@@ -217,7 +230,7 @@ def _bury_expired(
     died = [int(r[0]) for r in rows]
     for i in range(0, len(died), BURY_CHUNK):
         conn.execute(_sql._die_expired, {"p_ids": died[i : i + BURY_CHUNK], "p_now": now})
-    tally.add("dead", day_of(now), Counter(int(r[1]) for r in rows))
+    tally.add("dead", now, Counter(int(r[1]) for r in rows))
     # Heads that died: their groups move on (parked ones that died wait no
     # more, so the next head is a live one).
     _groups.leave(
@@ -318,21 +331,36 @@ def retire_beyond_batch(
 # -- counters ---------------------------------------------------------------------------
 
 
-def flush_stats(conn: sa.Connection, dialect: dialects.Dialect, rows: list[dict[str, Any]]) -> None:
-    """Add counter rows (see :func:`stats_rows`) to the stats table; those of
-    channels deleted since are dropped with them."""
+def flush_stats(
+    conn: sa.Connection,
+    dialect: dialects.Dialect,
+    day_rows: list[dict[str, Any]],
+    minute_rows: list[dict[str, Any]],
+) -> None:
+    """Add counter rows (see :func:`stats_rows`) to the day and the minute
+    tables; those of channels deleted since are dropped with them."""
     alive = {
         int(r[0])
         for r in conn.execute(
-            sa.select(channels.c.id).where(channels.c.id.in_({row["channel_id"] for row in rows}))
+            sa.select(channels.c.id).where(
+                channels.c.id.in_({row["channel_id"] for row in day_rows})
+            )
         )
     }
-    kept = [row for row in rows if row["channel_id"] in alive]
+    kept = [row for row in day_rows if row["channel_id"] in alive]
     if kept:
         dialect.upsert_stats(conn, kept)
+        dialect.upsert_stats(
+            conn, [row for row in minute_rows if row["channel_id"] in alive], minute_stats
+        )
 
 
-def prune_stats(conn: sa.Connection, dialect: dialects.Dialect, first_kept: date) -> int:
-    """Delete the day buckets before ``first_kept``; return how many."""
+def prune_stats(
+    conn: sa.Connection, dialect: dialects.Dialect, first_kept: date, first_minute_kept: int
+) -> int:
+    """Delete the day buckets before ``first_kept`` and the minute buckets
+    before ``first_minute_kept`` (epoch microseconds); return how many day
+    buckets went."""
+    conn.execute(sa.delete(minute_stats).where(minute_stats.c.minute < first_minute_kept))
     result: int = conn.execute(sa.delete(stats).where(stats.c.day < first_kept)).rowcount
     return result

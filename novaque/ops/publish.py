@@ -10,8 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from novaque import _filters, _validate, dialects
-from novaque._stats import Tally
-from novaque._time import day_of
+from novaque._stats import MINUTE_US, Tally
 from novaque.dialects.base import plain_channel
 from novaque.errors import DedupConflict
 from novaque.ops import Effects, _groups
@@ -26,6 +25,7 @@ from novaque.schema import (
     channels,
     deliveries,
     messages,
+    minute_stats,
 )
 
 #: Largest batch of bodies sent in one INSERT. PyMySQL sends bodies escaped
@@ -60,7 +60,7 @@ class Published:
         """After the commit: count the deliveries and wake local consumers, or
         warn that the topic has no channel."""
         tally = Tally()
-        tally.add("published", day_of(self.now), self.fanout)
+        tally.add("published", self.now, self.fanout)
         return Effects(
             tally=tally,
             wake=(topic,) if self.fanout else (),
@@ -245,10 +245,10 @@ def count_here(conn: sa.Connection, dialect: dialects.Dialect, done: Published) 
     """Write a publish's counters in ``conn``'s transaction (a database other than
     the client's own, whose buffer is for its own)."""
     if done.fanout:
-        dialect.upsert_stats(
-            conn,
-            stats_rows({(c, day_of(done.now)): n for c, n in done.fanout.items()}, "published"),
-        )
+        minute = done.now // MINUTE_US
+        days, minutes = stats_rows({(c, minute): n for c, n in done.fanout.items()}, "published")
+        dialect.upsert_stats(conn, days)
+        dialect.upsert_stats(conn, minutes, minute_stats)
 
 
 def _write_messages(

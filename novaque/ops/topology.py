@@ -12,7 +12,16 @@ from novaque import dialects
 from novaque.errors import ChannelNotFound, TopicNotFound
 from novaque.models import ChannelSettings, Ordering
 from novaque.ops import Effects
-from novaque.schema import ORDERINGS, channels, deliveries, groups, messages, stats, topics
+from novaque.schema import (
+    ORDERINGS,
+    channels,
+    deliveries,
+    groups,
+    messages,
+    minute_stats,
+    stats,
+    topics,
+)
 
 d = deliveries
 
@@ -149,6 +158,7 @@ def delete_topic(conn: sa.Connection, dialect: dialects.Dialect, topic: str) -> 
     topic_id = existing_topic_id(conn, topic)
     channel_ids = sa.select(channels.c.id).where(channels.c.topic_id == topic_id)
     conn.execute(sa.delete(stats).where(stats.c.channel_id.in_(channel_ids)))
+    conn.execute(sa.delete(minute_stats).where(minute_stats.c.channel_id.in_(channel_ids)))
     conn.execute(sa.delete(groups).where(groups.c.channel_id.in_(channel_ids)))
     conn.execute(sa.delete(d).where(d.c.channel_id.in_(channel_ids)))
     conn.execute(sa.delete(messages).where(messages.c.topic_id == topic_id))
@@ -161,6 +171,7 @@ def delete_channel(
 ) -> None:
     channel_id = existing_channel_id(conn, topic, channel)
     conn.execute(sa.delete(stats).where(stats.c.channel_id == channel_id))
+    conn.execute(sa.delete(minute_stats).where(minute_stats.c.channel_id == channel_id))
     conn.execute(sa.delete(groups).where(groups.c.channel_id == channel_id))
     conn.execute(sa.delete(d).where(d.c.channel_id == channel_id))
     conn.execute(sa.delete(channels).where(channels.c.id == channel_id))

@@ -1,4 +1,5 @@
-// novaque admin: live refresh, trend chart and POST actions.
+// novaque admin: live refresh, trend charts (per day, and the last hour per
+// minute), consumers online and POST actions.
 // Everything from the server is inserted with textContent or as escaped HTML
 // rendered by the server; nothing here builds HTML from data.
 (function () {
@@ -10,6 +11,7 @@
   };
   var CSRF = meta("novaque-csrf");
   var REFRESH_MS = 3000;
+  var LIVE_CHART_MS = 10000;
 
   function flash(text, kind) {
     var box = document.getElementById("flash");
@@ -233,6 +235,8 @@
         ? container.getAttribute("data-topic") : null;
       work = request("GET", container.getAttribute("data-refresh")).then(function (data) {
         if (!data.topics) data = { topics: [data] };  // one topic's answer
+        var totals = document.querySelector("[data-totals]");
+        if (totals && data.consumers !== undefined) fill(totals, data);
         if (shapeOfData(data, single) !== shapeOf(container)) return swapFromServer(container);
         data.topics.forEach(function (topic) {
           sections(container).forEach(function (section) {
@@ -248,6 +252,7 @@
     } else if (channelStats) {
       work = request("GET", channelStats.getAttribute("data-refresh-channel")).then(function (data) {
         fill(channelStats, data);
+        fillConsumers(data.consumers);
       });
     }
     if (!work) return;
@@ -294,9 +299,25 @@
   }
 
   function drawChart(box, data) {
-    var labels = days(data.since, data.until);
     var byDay = {};
     data.days.forEach(function (row) { byDay[row.day] = row; });
+    drawLines(box, days(data.since, data.until), byDay,
+      "Daily counters of " + data.topic + "/" + data.channel,
+      function (day) { return day.slice(5); });
+  }
+
+  // The last hour: the server lists every minute (zeros too), oldest first.
+  function drawMinutes(box, data) {
+    var byMinute = {};
+    var labels = data.minutes.map(function (row) { byMinute[row.minute] = row; return row.minute; });
+    var what = data.topic ? data.topic + "/" + data.channel : "every channel";
+    drawLines(box, labels, byMinute, "Counters per minute of the last hour, " + what,
+      function (minute) { return minute.slice(11, 16); });
+  }
+
+  // One line per SERIES over ``labels``; ``rows[label]`` holds the values.
+  function drawLines(box, labels, rows, title, tick) {
+    var byDay = rows;
     var W = 820, H = 260, L = 56, R = 16, T = 16, B = 40;
     var top = 0;
     labels.forEach(function (day) {
@@ -306,7 +327,7 @@
     var x = function (i) { return L + (labels.length === 1 ? (W - L - R) / 2 : i * (W - L - R) / (labels.length - 1)); };
     var y = function (v) { return T + (H - T - B) * (1 - v / max); };
     var root = svg("svg", { viewBox: "0 0 " + W + " " + H, role: "img", class: "trend" });
-    svg("title", {}, root).textContent = "Daily counters of " + data.topic + "/" + data.channel;
+    svg("title", {}, root).textContent = title;
     for (var g = 0; g <= 4; g++) {
       var v = (max * g) / 4;
       svg("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), class: "grid" }, root);
@@ -319,7 +340,7 @@
       var isLast = i === labels.length - 1;
       if (i % every !== 0 && !(isLast && i - lastShown >= every / 2)) return;
       var t = svg("text", { x: x(i), y: H - B + 18, "text-anchor": "middle", class: "axis" }, root);
-      t.textContent = day.slice(5);
+      t.textContent = tick(day);
     });
     SERIES.forEach(function (s) {
       var points = labels.map(function (day, i) {
@@ -330,7 +351,7 @@
         var value = (byDay[day] || {})[s.key] || 0;
         if (!value) return;
         var dot = svg("circle", { cx: x(i), cy: y(value), r: 3.5, fill: s.color }, root);
-        svg("title", {}, dot).textContent = day + " " + s.label + ": " + value;
+        svg("title", {}, dot).textContent = tick(day) + " " + s.label + ": " + value;
       });
     });
     var legend = document.createElement("div");
@@ -356,8 +377,45 @@
     });
   }
 
+  function liveChart() {
+    var box = document.getElementById("live-chart");
+    if (!box || document.hidden) return;
+    request("GET", box.getAttribute("data-minutes")).then(function (data) {
+      drawMinutes(box, data);
+    }).catch(function (error) {
+      box.textContent = "chart unavailable: " + error.message;
+    });
+  }
+
+  // -- consumers online (channel page): rows rebuilt with textContent -------------------
+  function when(text) { return text ? text.slice(0, 19).replace("T", " ") : ""; }
+
+  function fillConsumers(found) {
+    var table = document.getElementById("consumers");
+    if (!table || !found) return;
+    var body = table.querySelector("tbody");
+    var rows = found.map(function (c) {
+      var row = document.createElement("tr");
+      [c.host, c.pid, c.in_flight + " / " + c.max_in_flight, when(c.started_at), when(c.heartbeat_at)]
+        .forEach(function (value, i) {
+          var cell = document.createElement("td");
+          if (i === 1 || i === 2) cell.className = "num";
+          cell.textContent = String(value);
+          row.appendChild(cell);
+        });
+      return row;
+    });
+    body.replaceChildren.apply(body, rows);
+    var note = table.parentNode.querySelector(".empty-note");
+    if (note) note.hidden = found.length > 0;
+    var count = table.parentNode.querySelector('[data-field="consumer_count"]');
+    if (count) count.textContent = String(found.length);
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     chart();
+    liveChart();
+    if (document.getElementById("live-chart")) setInterval(liveChart, LIVE_CHART_MS);
     if (document.querySelector("[data-refresh], [data-refresh-channel]")) {
       stamp();
       setInterval(refresh, REFRESH_MS);
