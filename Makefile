@@ -21,7 +21,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP) ## run the suite (PostgreSQL/MySQL too when NOVAQUE_TEST_*_URL are set)
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n 2 -m "not serial" $(PYTEST_ARGS)
+	$(BIN)/pytest -m serial $(PYTEST_ARGS) || [ $$? -eq 5 ]  # 5: nothing selected
 
 lint: $(STAMP) ## ruff, mypy --strict, and the layering contracts (import-linter)
 	$(BIN)/ruff check $(LINTED)

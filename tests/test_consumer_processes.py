@@ -271,6 +271,7 @@ def test_consumer_resumes_after_its_connections_are_dropped(
         assert "Exception during reset" in caplog.text, signals
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(
     not os.environ.get("NOVAQUE_TEST_PG_RESTART"),
     reason="set NOVAQUE_TEST_PG_RESTART=1 to restart the shared PostgreSQL server",
