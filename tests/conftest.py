@@ -59,8 +59,15 @@ def skip_reason(name: str) -> str:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     """Give every skip of an unconfigured backend one location, so that ``-ra``
-    prints one line per backend instead of one per test (other skips keep theirs)."""
+    prints one line per backend instead of one per test (other skips keep theirs);
+    make captured output encodable for the workers of ``make test``."""
     report = yield
+    # Captured output may hold lone surrogates (tests feed novaque unstorable
+    # text on purpose): a report sent from an xdist worker must be UTF-8.
+    report.sections = [
+        (name, text.encode("utf-8", "backslashreplace").decode("utf-8"))
+        for name, text in report.sections
+    ]
     longrepr = report.longrepr
     if report.skipped and isinstance(longrepr, tuple) and len(longrepr) == 3:
         reason = str(longrepr[2]).removeprefix("Skipped: ")
