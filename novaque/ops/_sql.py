@@ -30,6 +30,21 @@ d = deliveries
 m = messages
 
 
+def dead_values(reason: Any, died_at: Any) -> dict[str, Any]:
+    """What every delivery that becomes a dead letter gets written (a lease
+    reaped out of attempts, a reject, an expiry, a deferred one out of
+    attempts): the dead state at the tail of the claim index, no lease, no
+    attempt id, its reason and time of death."""
+    return {
+        "state": STATE_DEAD,
+        "visible_at": DEAD_VISIBLE_AT,
+        "lease_token": None,
+        "attempt_id": None,
+        "dead_reason": reason,
+        "died_at": died_at,
+    }
+
+
 def _p(name: str, type_: Any = sa.BigInteger) -> sa.BindParameter[Any]:
     return sa.bindparam(name, type_=type_)
 
@@ -343,14 +358,7 @@ _expiring = (
 _die_expired = (
     sa.update(d)
     .where(d.c.id.in_(_ids()), d.c.state != STATE_DEAD)
-    .values(
-        state=STATE_DEAD,
-        visible_at=DEAD_VISIBLE_AT,
-        lease_token=None,
-        attempt_id=None,
-        dead_reason="expired",
-        died_at=_p("p_now"),
-    )
+    .values(dead_values("expired", _p("p_now")))
 )
 _keep_messages = sa.update(m).where(m.c.id.in_(_ids())).values(expires_at=_p("p_expires"))
 

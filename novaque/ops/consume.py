@@ -20,10 +20,9 @@ from novaque._stats import Tally
 from novaque._time import from_us
 from novaque.models import Message
 from novaque.ops import Effects, _groups
+from novaque.ops._sql import dead_values
 from novaque.schema import (
-    DEAD_VISIBLE_AT,
     DEFERRED_VISIBLE_AT,
-    STATE_DEAD,
     STATE_DEFERRED,
     STATE_LEASED,
     STATE_READY,
@@ -67,12 +66,10 @@ _kill = (
     sa.update(d)
     .where(*_fenced)
     .values(
-        state=STATE_DEAD,
-        visible_at=DEAD_VISIBLE_AT,
-        lease_token=None,
-        last_error=sa.func.coalesce(sa.bindparam("p_error", type_=sa.Text), d.c.last_error),
-        dead_reason=sa.bindparam("p_reason"),
-        died_at=sa.bindparam("p_now"),
+        {
+            **dead_values(sa.bindparam("p_reason"), sa.bindparam("p_now")),
+            "last_error": sa.func.coalesce(sa.bindparam("p_error", type_=sa.Text), d.c.last_error),
+        }
     )
 )
 _renew = (
@@ -418,14 +415,7 @@ _lease_deferred = (
     )
 )
 _bury_deferred = (
-    sa.update(d)
-    .where(*_deferred_of_ids)
-    .values(
-        state=STATE_DEAD,
-        visible_at=DEAD_VISIBLE_AT,
-        dead_reason="max_attempts",
-        died_at=sa.bindparam("p_now"),
-    )
+    sa.update(d).where(*_deferred_of_ids).values(dead_values("max_attempts", sa.bindparam("p_now")))
 )
 
 

@@ -130,11 +130,7 @@ def reap_batch(conn: sa.Connection, dialect: dialects.Dialect, now: int, batch: 
     for (channel_id, spent), ids in sorted(groups.items()):
         if spent:
             values: dict[str, Any] = {
-                "state": STATE_DEAD,
-                "visible_at": DEAD_VISIBLE_AT,
-                "lease_token": None,
-                "dead_reason": "max_attempts",
-                "died_at": now,
+                **_sql.dead_values("max_attempts", now),
                 "last_error": sa.func.coalesce(d.c.last_error, "lease expired"),
             }
         else:
