@@ -19,7 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import context
 
-from novaque.schema import VERSION_TABLE, metadata
+from novaque.schema import VERSION_TABLE, exists_on, metadata
 
 config = context.config
 
@@ -29,7 +29,7 @@ def include_object(
 ) -> bool:
     if type_ == "table":
         return (name or "").startswith("novaque_") and name != VERSION_TABLE
-    return True
+    return reflected or exists_on(obj, context.get_context().dialect.name)
 
 
 def run(connection: sa.Connection) -> None:

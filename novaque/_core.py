@@ -27,6 +27,7 @@ from novaque._waits import THREADS, Waits
 from novaque.errors import (
     InvalidOption,
     LeaseLost,
+    TopicGone,
 )
 from novaque.models import ChannelSettings, Message
 from novaque.ops import Batch, Effects, consume, maintain, presence, topology
@@ -496,7 +497,7 @@ class CoreClient:
             if done.declined:  # routed channels after all: nothing was written
                 self._routed_topics.add(topic)
                 done = self._run_timed("", publish_op.publish, topic_id=topic_id, **params)
-        except sa.exc.IntegrityError:
+        except (sa.exc.IntegrityError, TopicGone):
             # A cached topic id may belong to a topic deleted elsewhere (ids are
             # never reused, so it cannot name another topic): look it up again.
             if self._topic_ids.pop(topic, None) is None:

@@ -61,6 +61,19 @@ class TopicNotFound(NovaqueError, LookupError):
     """A read or delete named a topic that does not exist."""
 
 
+class TopicGone(TopicNotFound):
+    """A publish or replay found its topic deleted by another transaction
+    (PostgreSQL, where no foreign key stops it first). novaque's own
+    publish looks the topic up again (creating it) and publishes there; in a
+    caller's transaction it is raised, as the foreign key's error was."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(
+            f"topic {topic!r} was deleted by another transaction while this one wrote to it"
+        )
+        self.topic = topic
+
+
 class ChannelNotFound(NovaqueError, LookupError):
     """A read or delete named a channel that does not exist on an existing topic."""
 

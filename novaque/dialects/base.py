@@ -264,6 +264,19 @@ class Dialect:
 
     # -- publishing -----------------------------------------------------------------
 
+    def hold_topic(self, conn: sa.Connection, topic_id: int) -> bool:
+        """Keep the topic ``topic_id`` (and its channels) from being deleted until
+        the transaction ends, before writing its messages or deliveries
+        outside :meth:`publish_plain`: whether it exists.
+
+        Here the foreign keys of the messages and deliveries do it, as each row
+        is written: nothing to run. Where the schema has none (PostgreSQL,
+        migration 0006) the topic row is locked, ``delete_topic`` and
+        ``delete_channel`` lock it first (:func:`novaque.ops.topology.lock_topic`),
+        and the topic's channels are read after this call.
+        """
+        return True
+
     def insert_messages(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> list[int]:
         """Insert message rows in one round trip and return their ids, in order."""
         if len(rows) == 1:
@@ -364,6 +377,11 @@ class Dialect:
         A plain read does on PostgreSQL and SQLite (READ COMMITTED, one writer).
         """
         return stmt
+
+    def read_held(self, stmt: sa.Select[T_row]) -> sa.Select[T_row]:
+        """``stmt``, a read of topic rows, as :meth:`read_latest` and holding them
+        as :meth:`hold_topic` does."""
+        return self.read_latest(stmt)
 
     def insert_ignore(self, conn: sa.Connection, table: sa.Table, values: dict[str, Any]) -> None:
         """Insert a row unless it would break a unique constraint (then do nothing).

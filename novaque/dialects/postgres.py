@@ -16,6 +16,7 @@ from novaque.dialects.base import (
     ClaimedRow,
     Dialect,
     NotifyListener,
+    T_row,
     _claim_ids,
     _claim_params,
     _claim_update_returning,
@@ -23,7 +24,8 @@ from novaque.dialects.base import (
     m,
 )
 from novaque.dialects.listen import _AwaitedPostgresListener, _PostgresListener
-from novaque.schema import PARKED_OFFSET, STATE_LEASED, STATE_READY, channels, groups
+from novaque.errors import TopicGone
+from novaque.schema import PARKED_OFFSET, STATE_LEASED, STATE_READY, channels, groups, topics
 
 MIGRATION_LOCK_KEY = 0x6E6F7661717565  # "novaque"
 
@@ -274,18 +276,24 @@ class PostgresDialect(Dialect):
     # and whether the topic has routed channels. Guarded, it writes
     # nothing when it has (the caller runs outside a transaction and cannot
     # write their deliveries in the same one: it publishes again in one).
+    # No foreign key checks the topic and the channels here (migration
+    # 0006): the statement holds their rows FOR KEY SHARE, once each, and
+    # writes nothing for one deleted meanwhile (the last column: whether
+    # the topic still exists).
     _publish_sql = f"""
         WITH routed AS (
             SELECT EXISTS (
                 SELECT 1 FROM {channels.name}
                 WHERE topic_id = :topic_id AND NOT ({PLAIN_CHANNEL_SQL.format(c="")})
             ) AS yes
+        ), tp AS (
+            SELECT id FROM {topics.name} WHERE id = :topic_id FOR KEY SHARE
         ), msg AS (
             INSERT INTO {m.name} (topic_id, body, headers, published_at, expires_at, max_attempts,
                                   group_key)
-            SELECT :topic_id, u.body, CAST(:headers AS TEXT), :published_at, :expires_at,
+            SELECT tp.id, u.body, CAST(:headers AS TEXT), :published_at, :expires_at,
                    :max_attempts, u.grp
-            FROM unnest(CAST(:bodies AS BYTEA[]), CAST(:groups AS TEXT[]))
+            FROM tp, unnest(CAST(:bodies AS BYTEA[]), CAST(:groups AS TEXT[]))
                  WITH ORDINALITY AS u(body, grp, n)
             {{guard}}
             ORDER BY u.n
@@ -298,6 +306,7 @@ class PostgresDialect(Dialect):
             FROM msg CROSS JOIN {channels.name} c
             WHERE c.topic_id = :topic_id AND {PLAIN_CHANNEL_SQL.format(c="c.")}
             ORDER BY msg.id, c.id
+            FOR KEY SHARE OF c
             RETURNING channel_id
         ), fan AS (
             SELECT channel_id, count(*) AS n FROM dl GROUP BY channel_id
@@ -307,10 +316,23 @@ class PostgresDialect(Dialect):
                ARRAY(SELECT n FROM fan ORDER BY channel_id),
                CASE WHEN EXISTS (SELECT 1 FROM dl)
                     THEN pg_notify('{NOTIFY_CHANNEL}', :topic) END,
-               (SELECT yes FROM routed)
+               (SELECT yes FROM routed),
+               EXISTS (SELECT 1 FROM tp)
         """
     _publish = sa.text(_publish_sql.format(guard=""))
     _publish_guarded = sa.text(_publish_sql.format(guard="WHERE NOT (SELECT yes FROM routed)"))
+
+    _hold_topic = (
+        sa.select(topics.c.id)
+        .where(topics.c.id == sa.bindparam("p_id"))
+        .with_for_update(key_share=True)
+    )
+
+    def read_held(self, stmt: sa.Select[T_row]) -> sa.Select[T_row]:
+        return stmt.with_for_update(key_share=True)
+
+    def hold_topic(self, conn: sa.Connection, topic_id: int) -> bool:
+        return conn.execute(self._hold_topic, {"p_id": topic_id}).first() is not None
 
     def publish_plain(
         self,
@@ -328,6 +350,8 @@ class PostgresDialect(Dialect):
             self._publish if routed else self._publish_guarded,
             {**fields, "bodies": bodies, "groups": keys, "visible": visible, "topic": topic},
         ).one()
+        if not row[5]:
+            raise TopicGone(topic)
         counts = {int(c): int(n) for c, n in zip(row[1], row[2], strict=True)}
         return [int(i) for i in row[0]], counts, bool(row[4])
 

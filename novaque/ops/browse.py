@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from novaque import _filters, _validate, dialects
 from novaque._stats import Tally
 from novaque._time import from_us
-from novaque.errors import ChannelNotFound, MessageNotFound
+from novaque.errors import ChannelNotFound, MessageNotFound, TopicGone
 from novaque.models import (
     Backlog,
     Counters,
@@ -471,7 +471,7 @@ def replay(
         raise MessageNotFound(f"message {message_id} does not exist")
     topic_id, max_attempts = int(row[0]), int(row[1])
     topic = conn.execute(_sql._topic_name, {"p_topic_id": topic_id}).scalar_one()
-    channel_ids = _replay_channels(conn, topic, topic_id, names)
+    channel_ids = _replay_channels(conn, dialect, topic, topic_id, names)
     done = _Replayed(topic)
     wanted = [(message_id, max_attempts, row[2], row[3])]
     _replay_rows(conn, dialect, now, channel_ids, wanted, ttl_us, done)
@@ -490,7 +490,7 @@ def replay_range(
 ) -> tuple[int, Effects]:
     """:func:`replay` every message of ``topic`` published in ``[first, last)``."""
     topic_id = existing_topic_id(conn, topic)
-    channel_ids = _replay_channels(conn, topic, topic_id, names)
+    channel_ids = _replay_channels(conn, dialect, topic, topic_id, names)
     done = _Replayed(topic)
     pub, last_id = first - 1, 0
     while True:
@@ -537,9 +537,15 @@ ReplayChannel = tuple[int, int | None, str | None, int]
 
 
 def _replay_channels(
-    conn: sa.Connection, topic: str, topic_id: int, names: list[str] | None
+    conn: sa.Connection,
+    dialect: dialects.Dialect,
+    topic: str,
+    topic_id: int,
+    names: list[str] | None,
 ) -> list[ReplayChannel]:
-    """The channels to replay to, by id."""
+    """The channels to replay to, by id (the topic held until the transaction ends)."""
+    if not dialect.hold_topic(conn, topic_id):
+        raise TopicGone(topic)
     query = sa.select(
         channels.c.name,
         channels.c.id,

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from novaque import _filters, _validate, dialects
 from novaque._stats import MINUTE_US, Tally
 from novaque.dialects.base import plain_channel
-from novaque.errors import DedupConflict
+from novaque.errors import DedupConflict, TopicGone
 from novaque.ops import Effects, _groups
 from novaque.ops.maintain import stats_rows
 from novaque.ops.topology import topic_id_in
@@ -102,6 +102,9 @@ def publish(
     learned = None
     if topic_id is None:
         topic_id = learned = topic_id_in(conn, dialect, now, topic)
+    elif any(k is not None for k in dedup_keys) and not dialect.hold_topic(conn, topic_id):
+        # (Without dedup keys, publish_plain holds the topic itself.)
+        raise TopicGone(topic)
     rows = [
         {
             "body": body,

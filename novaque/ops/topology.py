@@ -35,8 +35,9 @@ _topic_id = sa.select(topics.c.id).where(topics.c.name == sa.bindparam("p_topic"
 
 def topic_id_in(conn: sa.Connection, dialect: dialects.Dialect, now: int, topic: str) -> int:
     """The id of ``topic`` as ``conn``'s transaction sees the latest commit,
-    creating the topic if it does not exist."""
-    lookup = dialect.read_latest(_topic_id)
+    creating the topic if it does not exist; held until the transaction ends
+    (see :meth:`~novaque.dialects.Dialect.hold_topic`)."""
+    lookup = dialect.read_held(_topic_id)
     found = conn.execute(lookup, {"p_topic": topic}).scalar_one_or_none()
     if found is None:
         dialect.insert_ignore(conn, topics, {"name": topic, "created_at": now})
@@ -154,8 +155,19 @@ def set_paused(
     return Effects(wake=(topic,))
 
 
+def lock_topic(conn: sa.Connection, topic: str) -> int:
+    """The id of ``topic``, its row locked until the transaction ends: what a
+    delete does first, so that a publish or replay holding the topic
+    (:meth:`~novaque.dialects.Dialect.hold_topic`) commits before anything is
+    deleted, or waits and finds what it wrote to gone."""
+    found = conn.execute(_topic_id.with_for_update(), {"p_topic": topic}).scalar_one_or_none()
+    if found is None:
+        raise TopicNotFound(f"topic {topic!r} does not exist")
+    return int(found)
+
+
 def delete_topic(conn: sa.Connection, dialect: dialects.Dialect, topic: str) -> None:
-    topic_id = existing_topic_id(conn, topic)
+    topic_id = lock_topic(conn, topic)
     channel_ids = sa.select(channels.c.id).where(channels.c.topic_id == topic_id)
     conn.execute(sa.delete(stats).where(stats.c.channel_id.in_(channel_ids)))
     conn.execute(sa.delete(minute_stats).where(minute_stats.c.channel_id.in_(channel_ids)))
@@ -169,6 +181,7 @@ def delete_topic(conn: sa.Connection, dialect: dialects.Dialect, topic: str) -> 
 def delete_channel(
     conn: sa.Connection, dialect: dialects.Dialect, topic: str, channel: str
 ) -> None:
+    lock_topic(conn, topic)
     channel_id = existing_channel_id(conn, topic, channel)
     conn.execute(sa.delete(stats).where(stats.c.channel_id == channel_id))
     conn.execute(sa.delete(minute_stats).where(minute_stats.c.channel_id == channel_id))

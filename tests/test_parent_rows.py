@@ -1,0 +1,172 @@
+"""A publish racing the delete of its topic or channel leaves no orphan row
+(migration 0006: on PostgreSQL no foreign key checks these, novaque's own
+locks do; MySQL/MariaDB and SQLite keep their foreign keys)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import novaque
+from novaque.ops import topology
+from novaque.schema import channels, deliveries, messages, topics
+from novaque.testing import FakeClock
+from tests.conftest import Backend
+
+
+def foreign_keys(engine: sa.Engine, table: str) -> set[str]:
+    return {fk["constrained_columns"][0] for fk in sa.inspect(engine).get_foreign_keys(table)}
+
+
+def test_postgres_alone_has_no_foreign_keys_to_topics_and_channels_on_the_hot_tables(
+    backend: Backend, tmp_path: Path
+) -> None:
+    url = backend.scratch_url(tmp_path)
+    client = novaque.Client(backend.engine(url))
+    client.migrate()
+    engine = backend.engine(url)
+    kept = {"message_id"}
+    engine_checked = backend.name != "postgres"
+    assert foreign_keys(engine, "novaque_messages") == ({"topic_id"} if engine_checked else set())
+    assert foreign_keys(engine, "novaque_deliveries") == (
+        kept | {"channel_id"} if engine_checked else kept
+    )
+    client.downgrade("0005")
+    engine.dispose()
+    assert foreign_keys(engine, "novaque_messages") == {"topic_id"}
+    assert foreign_keys(engine, "novaque_deliveries") == {"message_id", "channel_id"}
+
+
+def orphans(engine: sa.Engine) -> tuple[int, int]:
+    """Deliveries whose channel is gone, and messages whose topic is gone."""
+    with engine.connect() as conn:
+        lost_deliveries = conn.execute(
+            sa.select(sa.func.count())
+            .select_from(deliveries.outerjoin(channels, channels.c.id == deliveries.c.channel_id))
+            .where(channels.c.id.is_(None))
+        ).scalar_one()
+        lost_messages = conn.execute(
+            sa.select(sa.func.count())
+            .select_from(messages.outerjoin(topics, topics.c.id == messages.c.topic_id))
+            .where(topics.c.id.is_(None))
+        ).scalar_one()
+    return int(lost_deliveries), int(lost_messages)
+
+
+def wait_until_blocked(backend: Backend, engine: sa.Engine, thread: threading.Thread) -> None:
+    """Return once ``thread`` waits for a lock (SQLite shows none: a short wait)."""
+    queries = {
+        "postgres": "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+        "mysql": "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'",
+    }
+    query = queries.get(backend.name)
+    deadline = time.monotonic() + 10
+    while thread.is_alive() and time.monotonic() < deadline:
+        if query is None:
+            time.sleep(0.3)
+            return
+        with engine.connect() as conn:
+            if conn.exec_driver_sql(query).scalar_one():
+                return
+        time.sleep(0.01)
+    pytest.fail("the other transaction did not wait for the lock")
+
+
+def race(
+    backend: Backend, held: Callable[[sa.Connection], Any], waiting: Callable[[], Any]
+) -> list[Any]:
+    """Run ``held`` in an open transaction, ``waiting`` in a thread until it
+    blocks on it, then commit: what ``waiting`` returned (or raised)."""
+    engine = backend.engine()
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(waiting())
+        except Exception as exc:  # reported by the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    with engine.connect() as conn, conn.begin():
+        held(conn)
+        thread.start()
+        wait_until_blocked(backend, engine, thread)
+    thread.join(30)
+    assert not thread.is_alive()
+    return outcome
+
+
+@pytest.mark.parametrize("with_key", [False, True], ids=["plain", "dedup-key"])
+def test_a_publish_waiting_for_delete_channel_writes_nothing_to_the_deleted_channel(
+    backend: Backend, clock: FakeClock, with_key: bool
+) -> None:
+    client = backend.client(clock=clock)
+    client.ensure_channel("race-c", "gone")
+    client.ensure_channel("race-c", "kept")
+    client.publish("race-c", b"warm")  # the topic id is cached
+    key = "late-1" if with_key else None
+
+    def delete(conn: sa.Connection) -> None:
+        client._dialect.begin_transaction(conn)
+        topology.delete_channel(conn, client._dialect, "race-c", "gone")
+
+    [message_id] = race(backend, delete, lambda: client.publish("race-c", b"late", dedup_key=key))
+    assert isinstance(message_id, int)
+    assert [d.channel for d in client.get_message(message_id).deliveries] == ["kept"]
+    assert client.list_channels("race-c") == ["kept"]
+    assert orphans(backend.engine()) == (0, 0)
+    client.delete_topic("race-c")
+
+
+def test_a_publish_waiting_for_delete_topic_lands_in_the_topic_created_again(
+    backend: Backend, clock: FakeClock
+) -> None:
+    client = backend.client(clock=clock)
+    client.ensure_channel("race-t", "c")
+    client.publish("race-t", b"warm")  # the topic id is cached
+
+    def delete(conn: sa.Connection) -> None:
+        client._dialect.begin_transaction(conn)
+        topology.delete_topic(conn, client._dialect, "race-t")
+
+    [message_id] = race(backend, delete, lambda: client.publish("race-t", b"late"))
+    assert isinstance(message_id, int)
+    message = client.get_message(message_id)
+    assert (message.topic, message.deliveries) == ("race-t", [])  # no channel any more
+    assert orphans(backend.engine()) == (0, 0)
+    client.delete_topic("race-t")
+
+
+@pytest.mark.parametrize("deleted", ["topic", "channel"])
+def test_a_delete_waiting_for_a_publish_deletes_what_it_wrote(
+    backend: Backend, clock: FakeClock, deleted: str
+) -> None:
+    client = backend.client(clock=clock)
+    client.ensure_channel("race-p", "c")
+    client.ensure_channel("race-p", "other")
+    written: list[int] = []
+
+    def publish(conn: sa.Connection) -> None:
+        written.append(client.publish("race-p", b"first", connection=conn))
+
+    def delete() -> None:
+        if deleted == "topic":
+            client.delete_topic("race-p")
+        else:
+            client.delete_channel("race-p", "c")
+
+    assert race(backend, publish, delete) == [None]
+    assert orphans(backend.engine()) == (0, 0)
+    if deleted == "topic":
+        assert "race-p" not in client.list_topics()
+        with pytest.raises(novaque.MessageNotFound):
+            client.get_message(written[0])
+    else:
+        assert [d.channel for d in client.get_message(written[0]).deliveries] == ["other"]
+        client.delete_topic("race-p")
