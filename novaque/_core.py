@@ -140,6 +140,8 @@ class CoreClient:
         #: Topics last seen with routed channels: published in a transaction
         #: (a hint only: each publish learns the truth in its own statements).
         self._routed_topics: set[str] = set()
+        #: Whether the dialect has a driver path for publish on this engine (set at first use).
+        self._driver_ok: bool | None = None
         self._wake_lock = threading.Lock()
         self._wakers: dict[str, list[Callable[[], None]]] = {}
         self._default_ttl = seconds(self.options.default_ttl, "Options.default_ttl")
@@ -487,13 +489,24 @@ class CoreClient:
             and publish_op.one_statement(params["bodies"], params["dedup_keys"])
         )
         try:
-            done = self._run_timed(
-                "publish" if one else "",
-                publish_op.publish,
-                topic_id=topic_id,
-                routed=not one,
-                **params,
-            )
+            done = None
+            if one and self._driver_publish(params):
+                assert topic_id is not None
+                done = self._executor.run_driver(
+                    functools.partial(
+                        publish_op.publish_one, self._dialect, self._now, topic, topic_id, params
+                    )
+                )
+                if done is None:  # routed channels after all: nothing was written
+                    self._routed_topics.add(topic)
+            if done is None:
+                done = self._run_timed(
+                    "publish" if one else "",
+                    publish_op.publish,
+                    topic_id=topic_id,
+                    routed=not one,
+                    **params,
+                )
             if done.declined:  # routed channels after all: nothing was written
                 self._routed_topics.add(topic)
                 done = self._run_timed("", publish_op.publish, topic_id=topic_id, **params)
@@ -507,6 +520,18 @@ class CoreClient:
             self._routed_topics.discard(topic)
         self._apply(done.effects(topic))
         return done.ids
+
+    def _driver_publish(self, params: dict[str, Any]) -> bool:
+        """Whether a one-statement publish takes the driver path
+        (:meth:`~novaque._executor.SyncExecutor.run_driver`): one message
+        without a group, on a database whose dialect has that path."""
+        if len(params["bodies"]) != 1 or params["groups"][0] is not None:
+            return False
+        usable = self._driver_ok
+        if usable is None:
+            engine = self._executor.engine
+            usable = self._driver_ok = self._dialect.driver_publish(engine.dialect)
+        return usable and self._executor.driver_path()
 
     def _apply(self, effects: Effects) -> None:
         """After a transaction committed: what its operation left to do."""

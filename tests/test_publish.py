@@ -161,3 +161,27 @@ def test_publish_many_sends_large_batches_in_bounded_statements(client: novaque.
     got = drain(client, "big", "c")
     assert [m.id for m in got] == ids
     assert [m.body for m in got] == bodies
+
+
+def test_cursor_events_of_novaques_engine_see_every_publish(backend: Backend) -> None:
+    # The one-message publish runs on the driver's connection, without
+    # SQLAlchemy's statement machinery, unless something watches the engine's
+    # statements (here a before_cursor_execute listener, as SQLAlchemy
+    # instrumentations add): then it takes SQLAlchemy's path, and is seen.
+    client = novaque.Client(backend.engine())
+    client.ensure_channel("watched", "c")
+    client.publish("watched", b"first")  # the topic id is cached
+    seen: list[str] = []
+
+    def watch(conn: object, cursor: object, statement: str, *_: object) -> None:
+        seen.append(statement)
+
+    sa.event.listen(client.own_engine, "before_cursor_execute", watch)
+    try:
+        client.publish("watched", b"second")
+    finally:
+        sa.event.remove(client.own_engine, "before_cursor_execute", watch)
+    assert any("INSERT INTO novaque_messages" in s for s in seen), seen
+    client.publish("watched", b"third")  # unwatched again
+    assert client.channel_backlog("watched", "c").ready == 3
+    client.shutdown()

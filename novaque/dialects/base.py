@@ -173,6 +173,75 @@ _message_fields = sa.select(m.c.id, m.c.body, m.c.headers, m.c.published_at, m.c
 #: skip them and ``novaque.ops.publish`` writes their deliveries.
 PLAIN_CHANNEL_SQL = "{c}filter_expr IS NULL AND {c}ordering = 0"
 plain_channel = sa.and_(channels.c.filter_expr.is_(None), channels.c.ordering == 0)
+
+
+def insert_message_sql(mark: str) -> str:
+    """A message insert in the driver's SQL (``mark``: its parameter marker):
+    topic id, body, headers, published_at, expires_at, max_attempts, group."""
+    return (
+        f"INSERT INTO {m.name} (topic_id, body, headers, published_at, expires_at, max_attempts, "
+        f"group_key) VALUES ({', '.join([mark] * 7)})"
+    )
+
+
+def fan_out_one_sql(mark: str) -> str:
+    """The deliveries of one message to its topic's plain channels, in the
+    driver's SQL (``mark``: its parameter marker), returning each channel id
+    and whether the topic has routed channels: message id, visible_at,
+    max_attempts, topic id, topic id."""
+    plain = PLAIN_CHANNEL_SQL.format(c="")
+    return (
+        f"INSERT INTO {d.name} (message_id, channel_id, state, visible_at, attempts, "
+        f"max_attempts) SELECT {mark}, id, {STATE_READY}, {mark}, 0, coalesce(max_attempts, "
+        f"{mark}) FROM {channels.name} WHERE topic_id = {mark} AND {plain} "
+        f"ORDER BY id RETURNING channel_id, EXISTS (SELECT 1 FROM {channels.name} "
+        f"WHERE topic_id = {mark} AND NOT ({plain}))"
+    )
+
+
+def has_routed_sql(mark: str) -> str:
+    """Whether a topic (the parameter) has routed channels, in the driver's SQL."""
+    return (
+        f"SELECT EXISTS (SELECT 1 FROM {channels.name} "
+        f"WHERE topic_id = {mark} AND NOT ({PLAIN_CHANNEL_SQL.format(c='')}))"
+    )
+
+
+def publish_one_on(
+    cursor: Any, sql: tuple[str, str, str], fields: dict[str, Any], body: bytes, visible: int
+) -> tuple[int, dict[int, int]] | None:
+    """One message and its deliveries to the plain channels, with the DBAPI
+    ``cursor`` of an open transaction and the dialect's :func:`insert_message_sql`,
+    :func:`fan_out_one_sql` and :func:`has_routed_sql`: the message id and the
+    deliveries per channel, or None when the topic has routed channels (the
+    caller rolls back)."""
+    insert, fan_out, has_routed = sql
+    topic_id = fields["topic_id"]
+    cursor.execute(
+        insert,
+        (
+            topic_id,
+            body,
+            fields["headers"],
+            fields["published_at"],
+            fields["expires_at"],
+            fields["max_attempts"],
+            None,
+        ),
+    )
+    message_id = int(cursor.lastrowid)
+    cursor.execute(fan_out, (message_id, visible, fields["max_attempts"], topic_id, topic_id))
+    found = cursor.fetchall()
+    if found:
+        special = bool(found[0][1])
+    else:  # no plain channel said: ask
+        cursor.execute(has_routed, (topic_id,))
+        special = bool(cursor.fetchone()[0])
+    if special:
+        return None
+    return message_id, {int(row[0]): 1 for row in found}
+
+
 _channels_of_topic = (
     sa.select(channels.c.id, channels.c.max_attempts, plain_channel)
     .where(channels.c.topic_id == sa.bindparam("p_topic_id"))
@@ -321,6 +390,21 @@ class Dialect:
             conn, topic, fields["topic_id"], ids, visible, fields["max_attempts"]
         )
         return ids, counts, special
+
+    def driver_publish(self, sql_dialect: sa.Dialect) -> bool:
+        """Whether :meth:`publish_one_driver` is written for this database (as
+        ``sql_dialect``, SQLAlchemy's dialect of the engine, reports it)."""
+        return False
+
+    def publish_one_driver(
+        self, dbapi: Any, topic: str, fields: dict[str, Any], body: bytes, visible: int
+    ) -> tuple[int, dict[int, int]] | None:
+        """:meth:`publish_plain` of one message without a group, as a whole
+        transaction of novaque's own on the DBAPI connection ``dbapi``, in the
+        driver's SQL (see :meth:`novaque._executor.SyncExecutor.run_driver`):
+        the message id and the deliveries per channel, or None, having written
+        nothing, when the topic has routed channels."""
+        raise NotImplementedError
 
     def fan_out(
         self,

@@ -8,6 +8,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
 from sqlalchemy.exc import DBAPIError
 
 from novaque.dialects.base import (
@@ -354,6 +355,36 @@ class PostgresDialect(Dialect):
             raise TopicGone(topic)
         counts = {int(c): int(n) for c, n in zip(row[1], row[2], strict=True)}
         return [int(i) for i in row[0]], counts, bool(row[4])
+
+    #: The guarded publish in psycopg's SQL (the same for its async connections).
+    _publish_driver = str(_publish_guarded.compile(dialect=pg_psycopg.dialect()))  # type: ignore[no-untyped-call]
+
+    def driver_publish(self, sql_dialect: sa.Dialect) -> bool:
+        return sql_dialect.driver == "psycopg"
+
+    def publish_one_driver(
+        self, dbapi: Any, topic: str, fields: dict[str, Any], body: bytes, visible: int
+    ) -> tuple[int, dict[int, int]] | None:
+        # One statement: a transaction by itself in autocommit (one round trip).
+        switch = not dbapi.autocommit
+        if switch:
+            dbapi.autocommit = True
+        try:
+            cursor = dbapi.cursor()
+            try:
+                params = {**fields, "bodies": [body], "groups": [None]}
+                cursor.execute(self._publish_driver, {**params, "visible": visible, "topic": topic})
+                row = cursor.fetchone()
+            finally:
+                cursor.close()
+        finally:
+            if switch:
+                dbapi.autocommit = False
+        if not row[5]:
+            raise TopicGone(topic)
+        if row[4]:  # routed channels: the guard wrote nothing
+            return None
+        return int(row[0][0]), {int(c): int(n) for c, n in zip(row[1], row[2], strict=True)}
 
     def open_listener(self, engine: sa.Engine, *, awaited: bool = False) -> NotifyListener | None:
         try:

@@ -23,7 +23,11 @@ from novaque.dialects.base import (
     _driver_sql,
     _lease_values,
     d,
+    fan_out_one_sql,
+    has_routed_sql,
+    insert_message_sql,
     m,
+    publish_one_on,
 )
 from novaque.errors import UnsupportedDatabase
 from novaque.schema import STATE_READY, channels
@@ -128,22 +132,11 @@ class SQLiteDialect(Dialect):
         rows.sort(key=lambda row: row.delivery_id)
         return rows
 
-    _insert_messages = (
-        f"INSERT INTO {m.name} (topic_id, body, headers, published_at, expires_at, max_attempts, "
-        "group_key) VALUES (?, ?, ?, ?, ?, ?, ?)"
-    )
+    _insert_messages = insert_message_sql("?")
     _insert_message_returning = _insert_messages + " RETURNING id"
-    _fan_out_one = (
-        f"INSERT INTO {d.name} (message_id, channel_id, state, visible_at, attempts, "
-        f"max_attempts) SELECT ?, id, {STATE_READY}, ?, 0, coalesce(max_attempts, ?) "
-        f"FROM {channels.name} WHERE topic_id = ? AND {PLAIN_CHANNEL_SQL.format(c='')} "
-        f"ORDER BY id RETURNING channel_id, EXISTS (SELECT 1 FROM {channels.name} "
-        f"WHERE topic_id = ? AND NOT ({PLAIN_CHANNEL_SQL.format(c='')}))"
-    )
-    _has_routed = (
-        f"SELECT EXISTS (SELECT 1 FROM {channels.name} "
-        f"WHERE topic_id = ? AND NOT ({PLAIN_CHANNEL_SQL.format(c='')}))"
-    )
+    _fan_out_one = fan_out_one_sql("?")
+    _has_routed = has_routed_sql("?")
+    _publish_one = (_insert_messages, _fan_out_one, _has_routed)
     _channel_ids = (
         f"SELECT id, {PLAIN_CHANNEL_SQL.format(c='')} FROM {channels.name} "
         "WHERE topic_id = ? ORDER BY id"
@@ -211,6 +204,25 @@ class SQLiteDialect(Dialect):
             )
         ids = list(range(first, last + 1))
         return ids, {cid: len(bodies) for cid in plain}, len(plain) < len(found)
+
+    def driver_publish(self, sql_dialect: sa.Dialect) -> bool:
+        return True
+
+    def publish_one_driver(
+        self, dbapi: Any, topic: str, fields: dict[str, Any], body: bytes, visible: int
+    ) -> tuple[int, dict[int, int]] | None:
+        # novaque's own engine: the sqlite3 module begins no transaction itself.
+        cursor = dbapi.cursor()
+        try:
+            cursor.execute("BEGIN IMMEDIATE")
+            done = publish_one_on(cursor, self._publish_one, fields, body, visible)
+        finally:
+            cursor.close()
+        if done is None:
+            dbapi.rollback()
+        else:
+            dbapi.commit()
+        return done
 
     def explain(
         self,

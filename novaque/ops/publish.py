@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -138,6 +138,34 @@ def publish(
             )
         )
     return Published(ids, fanout, now, len(fresh), learned, special, False, tuple(warnings))
+
+
+def publish_one(
+    dialect: dialects.Dialect,
+    clock: Callable[[], int],
+    topic: str,
+    topic_id: int,
+    params: dict[str, Any],
+    dbapi: Any,
+) -> Published | None:
+    """:func:`publish` of one message without dedup key or group, in novaque's
+    own transaction on the DBAPI connection ``dbapi`` (the driver path, see
+    :meth:`novaque._executor.SyncExecutor.run_driver`); None, having written
+    nothing, when the topic has routed channels."""
+    now = clock()
+    fields = {
+        "topic_id": topic_id,
+        "headers": params["headers"],
+        "published_at": now,
+        "expires_at": now + params["ttl_us"],
+        "max_attempts": params["max_attempts"],
+    }
+    [body] = params["bodies"]
+    done = dialect.publish_one_driver(dbapi, topic, fields, body, now + params["delay_us"])
+    if done is None:
+        return None
+    message_id, fanout = done
+    return Published([message_id], Counter(fanout), now, 1, None)
 
 
 _routed_channels = (
