@@ -140,8 +140,8 @@ class CoreClient:
         #: Topics last seen with routed channels: published in a transaction
         #: (a hint only: each publish learns the truth in its own statements).
         self._routed_topics: set[str] = set()
-        #: Whether the dialect has a driver path for publish on this engine (set at first use).
-        self._driver_ok: bool | None = None
+        #: The operations with a driver path on this engine (set at first use).
+        self._driver_ops: frozenset[str] | None = None
         self._wake_lock = threading.Lock()
         self._wakers: dict[str, list[Callable[[], None]]] = {}
         self._default_ttl = seconds(self.options.default_ttl, "Options.default_ttl")
@@ -490,7 +490,9 @@ class CoreClient:
         )
         try:
             done = None
-            if one and self._driver_publish(params):
+            # The driver path: one message without a group.
+            single = len(params["bodies"]) == 1 and params["groups"][0] is None
+            if one and single and self._on_driver("publish"):
                 assert topic_id is not None
                 done = self._executor.run_driver(
                     functools.partial(
@@ -521,17 +523,13 @@ class CoreClient:
         self._apply(done.effects(topic))
         return done.ids
 
-    def _driver_publish(self, params: dict[str, Any]) -> bool:
-        """Whether a one-statement publish takes the driver path
-        (:meth:`~novaque._executor.SyncExecutor.run_driver`): one message
-        without a group, on a database whose dialect has that path."""
-        if len(params["bodies"]) != 1 or params["groups"][0] is not None:
-            return False
-        usable = self._driver_ok
-        if usable is None:
-            engine = self._executor.engine
-            usable = self._driver_ok = self._dialect.driver_publish(engine.dialect)
-        return usable and self._executor.driver_path()
+    def _on_driver(self, op: str) -> bool:
+        """Whether operation ``op`` takes the driver path
+        (:meth:`~novaque._executor.SyncExecutor.run_driver`) on this engine."""
+        ops = self._driver_ops
+        if ops is None:
+            ops = self._driver_ops = self._dialect.driver_ops(self._executor.engine.dialect)
+        return op in ops and self._executor.driver_path()
 
     def _apply(self, effects: Effects) -> None:
         """After a transaction committed: what its operation left to do."""
@@ -939,16 +937,36 @@ class CoreClient:
         if limit <= 0:
             return self.ack_many(acks), []
         token = secrets.token_hex(16)
-        lost, rows, now, effects = self._run_timed(
-            "" if consume.ordered(acks) else "ack_claim",
-            consume.ack_and_claim,
-            acks,
-            channel_id,
-            limit,
-            int(lease_s * US),
-            token,
-            channel_lease,
-        )
+        lease_us = int(lease_s * US)
+        if consume.ordered(acks):
+            lost, rows, now, effects = self._run_timed(
+                "", consume.ack_and_claim, acks, channel_id, limit, lease_us, token, channel_lease
+            )
+        elif self._on_driver("ack_claim"):
+            lost, rows, now, effects = self._executor.run_driver(
+                functools.partial(
+                    consume.ack_and_claim_driver,
+                    self._dialect,
+                    self._now,
+                    acks,
+                    channel_id,
+                    limit,
+                    lease_us,
+                    token,
+                    channel_lease,
+                )
+            )
+        else:
+            lost, rows, now, effects = self._run_timed(
+                "ack_claim",
+                consume.ack_and_claim,
+                acks,
+                channel_id,
+                limit,
+                lease_us,
+                token,
+                channel_lease,
+            )
         self._apply(effects)
         if not rows:
             self._channel_maybe_gone(topic, channel)

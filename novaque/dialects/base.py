@@ -391,10 +391,12 @@ class Dialect:
         )
         return ids, counts, special
 
-    def driver_publish(self, sql_dialect: sa.Dialect) -> bool:
-        """Whether :meth:`publish_one_driver` is written for this database (as
-        ``sql_dialect``, SQLAlchemy's dialect of the engine, reports it)."""
-        return False
+    def driver_ops(self, sql_dialect: sa.Dialect) -> frozenset[str]:
+        """The operations written for the driver path on this database (as
+        ``sql_dialect``, SQLAlchemy's dialect of the engine, reports it):
+        ``"publish"`` (:meth:`publish_one_driver`), ``"ack_claim"``
+        (:meth:`ack_and_claim_driver`)."""
+        return frozenset()
 
     def publish_one_driver(
         self, dbapi: Any, topic: str, fields: dict[str, Any], body: bytes, visible: int
@@ -404,6 +406,21 @@ class Dialect:
         driver's SQL (see :meth:`novaque._executor.SyncExecutor.run_driver`):
         the message id and the deliveries per channel, or None, having written
         nothing, when the topic has routed channels."""
+        raise NotImplementedError
+
+    def ack_and_claim_driver(
+        self,
+        dbapi: Any,
+        pairs: Sequence[tuple[int, str]],
+        channel_id: int,
+        limit: int,
+        now: int,
+        until: int,
+        token: str,
+        channel_lease: bool = False,
+    ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
+        """:meth:`ack_and_claim` as a whole transaction of novaque's own on the
+        DBAPI connection ``dbapi``, in the driver's SQL (the driver path)."""
         raise NotImplementedError
 
     def fan_out(

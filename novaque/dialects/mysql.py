@@ -293,10 +293,10 @@ class MySQLDialect(Dialect):
     _has_routed = sa.select(_routed_exists)
     _publish_one = (insert_message_sql("%s"), fan_out_one_sql("%s"), has_routed_sql("%s"))
 
-    def driver_publish(self, sql_dialect: sa.Dialect) -> bool:
+    def driver_ops(self, sql_dialect: sa.Dialect) -> frozenset[str]:
         # MariaDB: INSERT ... SELECT ... RETURNING writes and counts the
         # deliveries in one statement (MySQL proper keeps SQLAlchemy's path).
-        return bool(sql_dialect.insert_returning)
+        return frozenset({"publish"}) if sql_dialect.insert_returning else frozenset()
 
     def publish_one_driver(
         self, dbapi: Any, topic: str, fields: dict[str, Any], body: bytes, visible: int

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -29,6 +29,64 @@ from novaque.errors import TopicGone
 from novaque.schema import PARKED_OFFSET, STATE_LEASED, STATE_READY, channels, groups, topics
 
 MIGRATION_LOCK_KEY = 0x6E6F7661717565  # "novaque"
+
+
+def _driver_text(stmt: sa.TextClause) -> str:
+    """A statement in psycopg's SQL (the same for its async connections)."""
+    return str(stmt.compile(dialect=pg_psycopg.dialect()))  # type: ignore[no-untyped-call]
+
+
+def _autocommit_rows(dbapi: Any, sql: str, params: dict[str, Any]) -> list[Any]:
+    """The rows of one statement run on psycopg's connection ``dbapi`` in
+    autocommit: a transaction by itself, one round trip (as on SQLAlchemy's
+    path, see SyncExecutor._transaction); autocommit is left as it was."""
+    switch = not dbapi.autocommit
+    if switch:
+        dbapi.autocommit = True
+    try:
+        cursor = dbapi.cursor()
+        try:
+            cursor.execute(sql, params)
+            return list(cursor.fetchall())
+        finally:
+            cursor.close()
+    finally:
+        if switch:
+            dbapi.autocommit = False
+
+
+def _ack_and_claim_params(
+    pairs: Sequence[tuple[int, str]],
+    channel_id: int,
+    limit: int,
+    now: int,
+    until: int,
+    token: str,
+    channel_lease: bool,
+) -> dict[str, Any]:
+    ordered = sorted(pairs)
+    params = _claim_params(channel_id, limit, now, until, token, channel_lease)
+    params.update(ids=[p[0] for p in ordered], tokens=[p[1] for p in ordered])
+    return params
+
+
+def _acked_and_claimed(
+    result: Iterable[Sequence[Any]],
+) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
+    """The acks done and the rows claimed, of PostgresDialect._ack_and_claim's rows."""
+    done: set[tuple[int, str]] = set()
+    rows: list[ClaimedRow] = []
+    for r in result:
+        if r[0] == 0:
+            done.add((int(r[1]), str(r[8])))
+        else:
+            rows.append(
+                ClaimedRow(
+                    r[1], r[2], r[3], r[4], bytes(r[5]), r[6], r[7], r[9], r[10], r[11], r[12]
+                )
+            )
+    rows.sort(key=lambda row: row.delivery_id)
+    return done, rows
 
 
 class PostgresDialect(Dialect):
@@ -152,22 +210,24 @@ class PostgresDialect(Dialect):
         token: str,
         channel_lease: bool = False,
     ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
-        ordered = sorted(pairs)
-        params = _claim_params(channel_id, limit, now, until, token, channel_lease)
-        params.update(ids=[p[0] for p in ordered], tokens=[p[1] for p in ordered])
-        done: set[tuple[int, str]] = set()
-        rows: list[ClaimedRow] = []
-        for r in conn.execute(self._ack_and_claim, params):
-            if r[0] == 0:
-                done.add((int(r[1]), str(r[8])))
-            else:
-                rows.append(
-                    ClaimedRow(
-                        r[1], r[2], r[3], r[4], bytes(r[5]), r[6], r[7], r[9], r[10], r[11], r[12]
-                    )
-                )
-        rows.sort(key=lambda row: row.delivery_id)
-        return done, rows
+        params = _ack_and_claim_params(pairs, channel_id, limit, now, until, token, channel_lease)
+        return _acked_and_claimed(conn.execute(self._ack_and_claim, params))
+
+    _ack_and_claim_driver = _driver_text(_ack_and_claim)
+
+    def ack_and_claim_driver(
+        self,
+        dbapi: Any,
+        pairs: Sequence[tuple[int, str]],
+        channel_id: int,
+        limit: int,
+        now: int,
+        until: int,
+        token: str,
+        channel_lease: bool = False,
+    ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
+        params = _ack_and_claim_params(pairs, channel_id, limit, now, until, token, channel_lease)
+        return _acked_and_claimed(_autocommit_rows(dbapi, self._ack_and_claim_driver, params))
 
     def delete_leased_pairs(
         self, conn: sa.Connection, pairs: Sequence[tuple[int, str]]
@@ -356,30 +416,18 @@ class PostgresDialect(Dialect):
         counts = {int(c): int(n) for c, n in zip(row[1], row[2], strict=True)}
         return [int(i) for i in row[0]], counts, bool(row[4])
 
-    #: The guarded publish in psycopg's SQL (the same for its async connections).
-    _publish_driver = str(_publish_guarded.compile(dialect=pg_psycopg.dialect()))  # type: ignore[no-untyped-call]
+    _publish_driver = _driver_text(_publish_guarded)
 
-    def driver_publish(self, sql_dialect: sa.Dialect) -> bool:
-        return sql_dialect.driver == "psycopg"
+    def driver_ops(self, sql_dialect: sa.Dialect) -> frozenset[str]:
+        return (
+            frozenset({"publish", "ack_claim"}) if sql_dialect.driver == "psycopg" else frozenset()
+        )
 
     def publish_one_driver(
         self, dbapi: Any, topic: str, fields: dict[str, Any], body: bytes, visible: int
     ) -> tuple[int, dict[int, int]] | None:
-        # One statement: a transaction by itself in autocommit (one round trip).
-        switch = not dbapi.autocommit
-        if switch:
-            dbapi.autocommit = True
-        try:
-            cursor = dbapi.cursor()
-            try:
-                params = {**fields, "bodies": [body], "groups": [None]}
-                cursor.execute(self._publish_driver, {**params, "visible": visible, "topic": topic})
-                row = cursor.fetchone()
-            finally:
-                cursor.close()
-        finally:
-            if switch:
-                dbapi.autocommit = False
+        params = {**fields, "bodies": [body], "groups": [None], "visible": visible, "topic": topic}
+        [row] = _autocommit_rows(dbapi, self._publish_driver, params)
         if not row[5]:
             raise TopicGone(topic)
         if row[4]:  # routed channels: the guard wrote nothing

@@ -205,8 +205,8 @@ class SQLiteDialect(Dialect):
         ids = list(range(first, last + 1))
         return ids, {cid: len(bodies) for cid in plain}, len(plain) < len(found)
 
-    def driver_publish(self, sql_dialect: sa.Dialect) -> bool:
-        return True
+    def driver_ops(self, sql_dialect: sa.Dialect) -> frozenset[str]:
+        return frozenset({"publish"})
 
     def publish_one_driver(
         self, dbapi: Any, topic: str, fields: dict[str, Any], body: bytes, visible: int

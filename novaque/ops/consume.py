@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -259,6 +260,38 @@ def ack_and_claim(
         done, rows = dialect.ack_and_claim(
             conn, pairs, channel_id, limit, now, until, token, channel_lease
         )
+    return _acked_and_claimed(acks, done, rows, channel_id, now)
+
+
+def ack_and_claim_driver(
+    dialect: dialects.Dialect,
+    clock: Callable[[], int],
+    acks: Sequence[Message],
+    channel_id: int,
+    limit: int,
+    lease_us: int,
+    token: str,
+    channel_lease: bool,
+    dbapi: Any,
+) -> tuple[list[Message], list[dialects.ClaimedRow], int, Effects]:
+    """:func:`ack_and_claim` of unordered acks, in novaque's own transaction on
+    the DBAPI connection ``dbapi`` (the driver path, see
+    :meth:`novaque._executor.SyncExecutor.run_driver`)."""
+    now = clock()
+    pairs = [(msg.delivery_id, msg.lease_token) for msg in acks]
+    done, rows = dialect.ack_and_claim_driver(
+        dbapi, pairs, channel_id, limit, now, now + lease_us, token, channel_lease
+    )
+    return _acked_and_claimed(acks, done, rows, channel_id, now)
+
+
+def _acked_and_claimed(
+    acks: Sequence[Message],
+    done: set[tuple[int, str]],
+    rows: list[dialects.ClaimedRow],
+    channel_id: int,
+    now: int,
+) -> tuple[list[Message], list[dialects.ClaimedRow], int, Effects]:
     lost, effects = _settled(acks, done, now)
     if rows:
         effects.tally.add("claimed", now, {channel_id: len(rows)})
