@@ -80,6 +80,20 @@ def test_500_messages_through_subscribe_leave_nothing_in_flight(
     assert consumer._signals.count("claimed") == 500
 
 
+def test_handlers_run_side_by_side_up_to_max_in_flight(client: novaque.Client) -> None:
+    # Workers wake one another one at a time while work remains: each of the
+    # four handlers waits for the other three, so all four must run at once.
+    together = threading.Barrier(4, timeout=WAIT)
+    handler = Recorder(lambda m: together.wait())
+    consumer = client.subscribe("side", "by-side", handler, max_in_flight=4)
+    client.publish_many("side", ["a", "b", "c", "d"])
+    consumer.start()
+    waited(consumer._signals.wait("acked", 4, WAIT), "4 acks")
+    consumer.shutdown(timeout=10)
+    assert sorted(m.body for m in handler.calls) == [b"a", b"b", b"c", b"d"]
+    assert all(m.attempts == 1 for m in handler.calls)
+
+
 def test_a_failing_handler_is_retried_then_dead_with_its_last_error(
     backend: Backend, client: novaque.Client
 ) -> None:
