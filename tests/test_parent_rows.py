@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 import novaque
-from novaque.ops import topology
+from novaque.ops import browse, topology
 from novaque.schema import channels, deliveries, messages, topics
 from novaque.testing import FakeClock
 from tests.conftest import Backend
@@ -170,3 +170,44 @@ def test_a_delete_waiting_for_a_publish_deletes_what_it_wrote(
     else:
         assert [d.channel for d in client.get_message(written[0]).deliveries] == ["other"]
         client.delete_topic("race-p")
+
+
+@pytest.mark.parametrize("first", ["delete", "move"])
+def test_dead_letters_moved_to_a_channel_being_deleted_leave_no_orphan(
+    backend: Backend, clock: FakeClock, first: str
+) -> None:
+    client = backend.client(clock=clock)
+    client.ensure_channel("race-r", "source")
+    client.publish("race-r", b"letter")
+    [msg] = client.claim("race-r", "source")
+    client.reject(msg, "for the move")
+    client.ensure_channel("race-r", "target")  # created after: it holds no delivery of it
+
+    def move() -> int:
+        return client.requeue_dead("race-r", "source", to_channel="target")
+
+    if first == "delete":
+
+        def delete(conn: sa.Connection) -> None:
+            client._dialect.begin_transaction(conn)
+            topology.delete_channel(conn, client._dialect, "race-r", "target")
+
+        [outcome] = race(backend, delete, move)
+        assert isinstance(outcome, novaque.ChannelNotFound)
+        assert [d.state for d in client.get_message(msg.id).deliveries] == ["dead"]
+    else:
+
+        def held_move(conn: sa.Connection) -> None:
+            # The move in a transaction held open: a delete of its target
+            # waits for it, then deletes the moved letter with the channel.
+            dialect = client._dialect
+            dialect.begin_transaction(conn)
+            source, target = browse.dead_channels(conn, dialect, "race-r", "source", "target")
+            work = browse.DeadWork("requeue", "race-r", source, 60_000_000, target_id=target)
+            got = browse.dead_batch(conn, dialect, client._now(), work, None, 0, 100)
+            assert got[1] == 1, got
+
+        assert race(backend, held_move, lambda: client.delete_channel("race-r", "target")) == [None]
+        assert client.get_message(msg.id).deliveries == []
+    assert orphans(backend.engine()) == (0, 0)
+    client.delete_topic("race-r")

@@ -333,6 +333,10 @@ class Dialect:
 
     # -- publishing -----------------------------------------------------------------
 
+    #: Whether :meth:`hold_topic` locks (no foreign key holds the topic and its
+    #: channels: a writer reads them again after the hold).
+    holds_parents: ClassVar[bool] = False
+
     def hold_topic(self, conn: sa.Connection, topic_id: int) -> bool:
         """Keep the topic ``topic_id`` (and its channels) from being deleted until
         the transaction ends, before writing its messages or deliveries

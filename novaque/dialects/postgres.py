@@ -389,6 +389,8 @@ class PostgresDialect(Dialect):
         .with_for_update(key_share=True)
     )
 
+    holds_parents = True
+
     def read_held(self, stmt: sa.Select[T_row]) -> sa.Select[T_row]:
         return stmt.with_for_update(key_share=True)
 

@@ -220,9 +220,9 @@ _extend_expiry = (
 # -- moving dead letters to another channel of the topic (requeue_dead(to_channel=)) --
 
 #: The target's ordering and max_attempts setting (``p_channel``).
-_target_channel = sa.select(channels.c.ordering, channels.c.max_attempts).where(
-    channels.c.id == _p("p_channel", sa.Integer)
-)
+_target_channel = sa.select(
+    channels.c.ordering, channels.c.max_attempts, channels.c.topic_id
+).where(channels.c.id == _p("p_channel", sa.Integer))
 # Locks the messages moved, in id order: a replay of one of them (which locks
 # its message too) and another move into the channel take turns with this one,
 # so a message never gets two live deliveries in one channel.

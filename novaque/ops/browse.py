@@ -321,7 +321,16 @@ def _move_letters(
     """
     target = work.target_id
     assert target is not None
-    found = conn.execute(_sql._target_channel, {"p_channel": target}).one_or_none()
+    # The latest commit (MySQL: a locking read, which waits for a delete of it).
+    found: Any = conn.execute(
+        dialect.read_latest(_sql._target_channel), {"p_channel": target}
+    ).one_or_none()
+    if found is not None and dialect.holds_parents:
+        # Held (Dialect.hold_topic): a delete of the target waits for this
+        # move, or this move for it, and then finds the target gone.
+        held_topic = dialect.hold_topic(conn, int(found[2]))
+        found = conn.execute(_sql._target_channel, {"p_channel": target}).one_or_none()
+        found = found if held_topic else None
     if found is None:
         raise ChannelNotFound(f"the channel to move dead letters to (id {target}) was deleted")
     ordering, budget = int(found[0]), found[1]
