@@ -24,18 +24,17 @@ def foreign_keys(engine: sa.Engine, table: str) -> set[str]:
     return {fk["constrained_columns"][0] for fk in sa.inspect(engine).get_foreign_keys(table)}
 
 
-def test_postgres_alone_has_no_foreign_keys_to_topics_and_channels_on_the_hot_tables(
+def test_postgres_alone_has_no_foreign_keys_on_the_hot_tables(
     backend: Backend, tmp_path: Path
 ) -> None:
     url = backend.scratch_url(tmp_path)
     client = novaque.Client(backend.engine(url))
     client.migrate()
     engine = backend.engine(url)
-    kept = {"message_id"}
     engine_checked = backend.name != "postgres"
     assert foreign_keys(engine, "novaque_messages") == ({"topic_id"} if engine_checked else set())
     assert foreign_keys(engine, "novaque_deliveries") == (
-        kept | {"channel_id"} if engine_checked else kept
+        {"message_id", "channel_id"} if engine_checked else set()
     )
     client.downgrade("0005")
     engine.dispose()
@@ -43,9 +42,15 @@ def test_postgres_alone_has_no_foreign_keys_to_topics_and_channels_on_the_hot_ta
     assert foreign_keys(engine, "novaque_deliveries") == {"message_id", "channel_id"}
 
 
-def orphans(engine: sa.Engine) -> tuple[int, int]:
-    """Deliveries whose channel is gone, and messages whose topic is gone."""
+def orphans(engine: sa.Engine) -> tuple[int, int, int]:
+    """Deliveries whose channel is gone, messages whose topic is gone, and
+    deliveries whose message is gone."""
     with engine.connect() as conn:
+        lost_messages_deliveries = conn.execute(
+            sa.select(sa.func.count())
+            .select_from(deliveries.outerjoin(messages, messages.c.id == deliveries.c.message_id))
+            .where(messages.c.id.is_(None))
+        ).scalar_one()
         lost_deliveries = conn.execute(
             sa.select(sa.func.count())
             .select_from(deliveries.outerjoin(channels, channels.c.id == deliveries.c.channel_id))
@@ -56,7 +61,7 @@ def orphans(engine: sa.Engine) -> tuple[int, int]:
             .select_from(messages.outerjoin(topics, topics.c.id == messages.c.topic_id))
             .where(topics.c.id.is_(None))
         ).scalar_one()
-    return int(lost_deliveries), int(lost_messages)
+    return int(lost_deliveries), int(lost_messages), int(lost_messages_deliveries)
 
 
 def wait_until_blocked(backend: Backend, engine: sa.Engine, thread: threading.Thread) -> None:
@@ -120,7 +125,7 @@ def test_a_publish_waiting_for_delete_channel_writes_nothing_to_the_deleted_chan
     assert isinstance(message_id, int)
     assert [d.channel for d in client.get_message(message_id).deliveries] == ["kept"]
     assert client.list_channels("race-c") == ["kept"]
-    assert orphans(backend.engine()) == (0, 0)
+    assert orphans(backend.engine()) == (0, 0, 0)
     client.delete_topic("race-c")
 
 
@@ -139,7 +144,7 @@ def test_a_publish_waiting_for_delete_topic_lands_in_the_topic_created_again(
     assert isinstance(message_id, int)
     message = client.get_message(message_id)
     assert (message.topic, message.deliveries) == ("race-t", [])  # no channel any more
-    assert orphans(backend.engine()) == (0, 0)
+    assert orphans(backend.engine()) == (0, 0, 0)
     client.delete_topic("race-t")
 
 
@@ -162,7 +167,7 @@ def test_a_delete_waiting_for_a_publish_deletes_what_it_wrote(
             client.delete_channel("race-p", "c")
 
     assert race(backend, publish, delete) == [None]
-    assert orphans(backend.engine()) == (0, 0)
+    assert orphans(backend.engine()) == (0, 0, 0)
     if deleted == "topic":
         assert "race-p" not in client.list_topics()
         with pytest.raises(novaque.MessageNotFound):
@@ -209,5 +214,39 @@ def test_dead_letters_moved_to_a_channel_being_deleted_leave_no_orphan(
 
         assert race(backend, held_move, lambda: client.delete_channel("race-r", "target")) == [None]
         assert client.get_message(msg.id).deliveries == []
-    assert orphans(backend.engine()) == (0, 0)
+    assert orphans(backend.engine()) == (0, 0, 0)
     client.delete_topic("race-r")
+
+
+@pytest.mark.parametrize("first", ["replay", "prune"])
+def test_a_replay_racing_prune_leaves_no_delivery_without_its_message(
+    backend: Backend, clock: FakeClock, first: str
+) -> None:
+    client = backend.client(clock=clock)
+    dialect = client._dialect
+    client.ensure_channel("race-m", "c")
+    message_id = client.publish("race-m", b"old")
+    client.ack(client.claim("race-m", "c")[0])  # no live delivery: a replay writes one
+    clock.advance(60)
+    cutoff = clock()
+
+    def held_replay(conn: sa.Connection) -> None:
+        dialect.begin_transaction(conn)
+        assert browse.replay(conn, dialect, client._now(), message_id, None, 60_000_000)[0] == 1
+
+    def held_prune(conn: sa.Connection) -> None:
+        dialect.begin_transaction(conn)
+        topic_id = topology.existing_topic_id(conn, "race-m")
+        cutoff_us = client._now()
+        assert browse.prune_batch(conn, dialect, cutoff_us, topic_id, cutoff_us, 100)[1] == 1
+
+    if first == "replay":  # the prune waits, then deletes the replayed delivery too
+        [pruned] = race(backend, held_replay, lambda: client.prune(cutoff))
+        assert pruned >= 1
+    else:  # the replay waits, then finds its message gone
+        [outcome] = race(backend, held_prune, lambda: client.replay(message_id))
+        assert isinstance(outcome, novaque.MessageNotFound)
+    with pytest.raises(novaque.MessageNotFound):
+        client.get_message(message_id)
+    assert orphans(backend.engine()) == (0, 0, 0)
+    client.delete_topic("race-m")

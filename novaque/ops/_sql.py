@@ -412,11 +412,14 @@ _range_chunk = (
 _prune_count = sa.select(sa.func.count()).where(
     m.c.topic_id == _p("p_topic_id", sa.Integer), m.c.published_at < _p("p_before")
 )
+# Locked before their deliveries are deleted: a replay of one of them (which
+# locks it first) commits its new delivery before, and it is deleted too.
 _prune_batch = (
     sa.select(m.c.id)
     .where(m.c.topic_id == _p("p_topic_id", sa.Integer), m.c.published_at < _p("p_before"))
     .order_by(m.c.published_at, m.c.id)
     .limit(_p("p_limit", sa.Integer))
+    .with_for_update()
 )
 
 
