@@ -15,6 +15,7 @@ compiled cache serves every call.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
@@ -173,6 +174,45 @@ _message_fields = sa.select(m.c.id, m.c.body, m.c.headers, m.c.published_at, m.c
 #: skip them and ``novaque.ops.publish`` writes their deliveries.
 PLAIN_CHANNEL_SQL = "{c}filter_expr IS NULL AND {c}ordering = 0"
 plain_channel = sa.and_(channels.c.filter_expr.is_(None), channels.c.ordering == 0)
+
+
+def by_token(pairs: Sequence[tuple[int, str]]) -> dict[str, list[int]]:
+    """The delivery ids of ``(delivery_id, lease_token)`` pairs per token, sorted."""
+    grouped: dict[str, list[int]] = {}
+    for delivery_id, token in pairs:
+        grouped.setdefault(token, []).append(delivery_id)
+    return {token: sorted(ids) for token, ids in grouped.items()}
+
+
+@dataclass(frozen=True)
+class DriverStatement:
+    """A Core statement compiled once for a driver: its SQL, the order of its
+    parameters (None: the driver takes them by name) and the values SQLAlchemy
+    bound itself (literals of the statement)."""
+
+    sql: str
+    names: tuple[str, ...] | None
+    defaults: dict[str, Any]
+
+    def args(self, params: dict[str, Any]) -> Any:
+        """The driver's parameters for ``params`` (raw values: no type of the
+        statement may need SQLAlchemy's bind processing)."""
+        merged = {**self.defaults, **params}
+        return merged if self.names is None else [merged[n] for n in self.names]
+
+
+@functools.lru_cache(maxsize=64)
+def driver_statement(stmt: sa.ClauseElement, sql_dialect: sa.Dialect) -> DriverStatement:
+    """``stmt`` compiled for the driver of ``sql_dialect`` (cached)."""
+    compiled: Any = stmt.compile(dialect=sql_dialect)  # an SQLCompiler
+    sql = str(compiled)
+    if "POSTCOMPILE" in sql:  # expanding parameters: compiled per call by SQLAlchemy
+        raise ValueError("a statement with expanding parameters has no driver form")
+    names = compiled.positiontup
+    required = {b.key for b in compiled.binds.values() if b.required}
+    literals = compiled.construct_params(_check=False).items()
+    defaults = {key: value for key, value in literals if key not in required}
+    return DriverStatement(sql, None if names is None else tuple(names), defaults)
 
 
 def insert_message_sql(mark: str) -> str:
@@ -681,12 +721,9 @@ class Dialect:
     ) -> set[tuple[int, str]]:
         """Delete each delivery of ``(delivery_id, lease_token)`` still leased with that
         token; return the pairs deleted."""
-        by_token: dict[str, list[int]] = {}
-        for delivery_id, token in pairs:
-            by_token.setdefault(token, []).append(delivery_id)
         done: set[tuple[int, str]] = set()
-        for token, ids in by_token.items():
-            done.update((i, token) for i in self.delete_leased(conn, sorted(ids), token))
+        for token, ids in by_token(pairs).items():
+            done.update((i, token) for i in self.delete_leased(conn, ids, token))
         return done
 
     # -- stats ----------------------------------------------------------------------

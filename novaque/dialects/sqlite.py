@@ -22,7 +22,9 @@ from novaque.dialects.base import (
     _dotted,
     _driver_sql,
     _lease_values,
+    by_token,
     d,
+    driver_statement,
     fan_out_one_sql,
     has_routed_sql,
     insert_message_sql,
@@ -31,6 +33,9 @@ from novaque.dialects.base import (
 )
 from novaque.errors import UnsupportedDatabase
 from novaque.schema import STATE_READY, channels
+
+#: SQLite's driver (the sqlite3 module), for the driver path's statements.
+_PYSQLITE = sqlite_dialect.pysqlite.dialect()
 
 #: Engines whose every transaction begins with ``BEGIN IMMEDIATE`` (set up by
 #: :func:`novaque.dialects.engines.configure_sqlite`): a transaction on one
@@ -206,7 +211,44 @@ class SQLiteDialect(Dialect):
         return ids, {cid: len(bodies) for cid in plain}, len(plain) < len(found)
 
     def driver_ops(self, sql_dialect: sa.Dialect) -> frozenset[str]:
-        return frozenset({"publish"})
+        return frozenset({"publish", "ack_claim"})
+
+    def ack_and_claim_driver(
+        self,
+        dbapi: Any,
+        pairs: Sequence[tuple[int, str]],
+        channel_id: int,
+        limit: int,
+        now: int,
+        until: int,
+        token: str,
+        channel_lease: bool = False,
+    ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
+        # As ack_and_claim: the acks deleted (one statement per lease token),
+        # then the claim, in one BEGIN IMMEDIATE transaction.
+        claim = driver_statement(self._claim_stmt, _PYSQLITE)
+        params = _claim_params(channel_id, limit, now, until, token, channel_lease)
+        done: set[tuple[int, str]] = set()
+        cursor = dbapi.cursor()
+        try:
+            cursor.execute("BEGIN IMMEDIATE")
+            for lease_token, ids in by_token(pairs).items():
+                marks = ", ".join("?" * len(ids))
+                cursor.execute(
+                    f"DELETE FROM {d.name} WHERE lease_token = ? AND id IN ({marks}) RETURNING id",
+                    (lease_token, *ids),
+                )
+                done.update((int(r[0]), lease_token) for r in cursor.fetchall())
+            cursor.execute(claim.sql, claim.args(params))
+            rows = [
+                ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6], r[7], r[8], r[9], r[10])
+                for r in cursor.fetchall()
+            ]
+        finally:
+            cursor.close()
+        dbapi.commit()
+        rows.sort(key=lambda row: row.delivery_id)
+        return done, rows
 
     def publish_one_driver(
         self, dbapi: Any, topic: str, fields: dict[str, Any], body: bytes, visible: int
