@@ -937,36 +937,15 @@ class CoreClient:
         if limit <= 0:
             return self.ack_many(acks), []
         token = secrets.token_hex(16)
-        lease_us = int(lease_s * US)
+        args = (acks, channel_id, limit, int(lease_s * US), token, channel_lease)
         if consume.ordered(acks):
-            lost, rows, now, effects = self._run_timed(
-                "", consume.ack_and_claim, acks, channel_id, limit, lease_us, token, channel_lease
-            )
+            lost, rows, now, effects = self._run_timed("", consume.ack_and_claim, *args)
         elif self._on_driver("ack_claim"):
             lost, rows, now, effects = self._executor.run_driver(
-                functools.partial(
-                    consume.ack_and_claim_driver,
-                    self._dialect,
-                    self._now,
-                    acks,
-                    channel_id,
-                    limit,
-                    lease_us,
-                    token,
-                    channel_lease,
-                )
+                functools.partial(consume.ack_and_claim_driver, self._dialect, self._now, *args)
             )
         else:
-            lost, rows, now, effects = self._run_timed(
-                "ack_claim",
-                consume.ack_and_claim,
-                acks,
-                channel_id,
-                limit,
-                lease_us,
-                token,
-                channel_lease,
-            )
+            lost, rows, now, effects = self._run_timed("ack_claim", consume.ack_and_claim, *args)
         self._apply(effects)
         if not rows:
             self._channel_maybe_gone(topic, channel)

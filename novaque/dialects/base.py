@@ -247,14 +247,38 @@ def has_routed_sql(mark: str) -> str:
     )
 
 
-def publish_one_on(
+def publish_one_committed(
+    dbapi: Any,
+    sql: tuple[str, str, str],
+    fields: dict[str, Any],
+    body: bytes,
+    visible: int,
+    begin: str | None = None,
+) -> tuple[int, dict[int, int]] | None:
+    """One message and its deliveries to the plain channels in a transaction of
+    its own on the DBAPI connection ``dbapi`` (``begin``: the statement that
+    starts it, where the driver begins none itself), with the dialect's
+    :func:`insert_message_sql`, :func:`fan_out_one_sql` and
+    :func:`has_routed_sql`: the message id and the deliveries per channel,
+    committed, or None, rolled back, when the topic has routed channels."""
+    cursor = dbapi.cursor()
+    try:
+        if begin is not None:
+            cursor.execute(begin)
+        done = _publish_one_on(cursor, sql, fields, body, visible)
+    finally:
+        cursor.close()
+    if done is None:
+        dbapi.rollback()
+    else:
+        dbapi.commit()
+    return done
+
+
+def _publish_one_on(
     cursor: Any, sql: tuple[str, str, str], fields: dict[str, Any], body: bytes, visible: int
 ) -> tuple[int, dict[int, int]] | None:
-    """One message and its deliveries to the plain channels, with the DBAPI
-    ``cursor`` of an open transaction and the dialect's :func:`insert_message_sql`,
-    :func:`fan_out_one_sql` and :func:`has_routed_sql`: the message id and the
-    deliveries per channel, or None when the topic has routed channels (the
-    caller rolls back)."""
+    """:func:`publish_one_committed`'s statements, on ``cursor``."""
     insert, fan_out, has_routed = sql
     topic_id = fields["topic_id"]
     cursor.execute(

@@ -27,7 +27,7 @@ from novaque.dialects.base import (
     insert_message_sql,
     m,
     plain_channel,
-    publish_one_on,
+    publish_one_committed,
 )
 from novaque.errors import UnsupportedDatabase
 from novaque.schema import COUNTER_COLUMNS, STATE_READY, channels, groups, stats
@@ -305,16 +305,7 @@ class MySQLDialect(Dialect):
         # but the channels, and a locking read of those takes no lock a claim
         # waits for (claims read the channel row without locking it). This
         # saves SET TRANSACTION's round trip on a plain engine.
-        cursor = dbapi.cursor()
-        try:
-            done = publish_one_on(cursor, self._publish_one, fields, body, visible)
-        finally:
-            cursor.close()
-        if done is None:
-            dbapi.rollback()
-        else:
-            dbapi.commit()
-        return done
+        return publish_one_committed(dbapi, self._publish_one, fields, body, visible)
 
     def fan_out(
         self,

@@ -29,7 +29,7 @@ from novaque.dialects.base import (
     has_routed_sql,
     insert_message_sql,
     m,
-    publish_one_on,
+    publish_one_committed,
 )
 from novaque.errors import UnsupportedDatabase
 from novaque.schema import STATE_READY, channels
@@ -254,17 +254,9 @@ class SQLiteDialect(Dialect):
         self, dbapi: Any, topic: str, fields: dict[str, Any], body: bytes, visible: int
     ) -> tuple[int, dict[int, int]] | None:
         # novaque's own engine: the sqlite3 module begins no transaction itself.
-        cursor = dbapi.cursor()
-        try:
-            cursor.execute("BEGIN IMMEDIATE")
-            done = publish_one_on(cursor, self._publish_one, fields, body, visible)
-        finally:
-            cursor.close()
-        if done is None:
-            dbapi.rollback()
-        else:
-            dbapi.commit()
-        return done
+        return publish_one_committed(
+            dbapi, self._publish_one, fields, body, visible, begin="BEGIN IMMEDIATE"
+        )
 
     def explain(
         self,
