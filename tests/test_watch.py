@@ -47,6 +47,19 @@ def watcher_of(client: novaque.Client) -> ChangeWatcher:
     return found
 
 
+class _Lost:
+    """A SQLite connection that fails like a lost one; closing it closes the real one."""
+
+    def __init__(self, real: sqlite3.Connection) -> None:
+        self._real = real
+
+    def cursor(self) -> sqlite3.Cursor:
+        raise sqlite3.OperationalError("disk I/O error (the test's lost connection)")
+
+    def close(self) -> None:
+        self._real.close()
+
+
 @watched
 def test_a_publish_of_another_client_wakes_an_idle_consumer(backend: Backend) -> None:
     # Plain engines: on MySQL the default REPEATABLE READ, which the watcher's
@@ -143,7 +156,10 @@ def test_the_watcher_reconnects_when_its_connection_is_lost(backend: Backend) ->
         with producer_side.engine.connect() as conn:
             conn.exec_driver_sql(f"KILL {watcher.session_id}")
     else:
-        watcher._conn.close()  # SQLite has no server to drop it: close it under the watcher
+        # SQLite has no server to drop it: its next look fails as on a lost
+        # connection (swapped in, not closed from here: the watcher's own
+        # thread may be inside a statement).
+        watcher._conn = _Lost(watcher._conn)
     waited(signals.wait("listen_connected", 2, WAIT), "the watcher to reconnect")
     assert signals.count("listen_errors") >= 1
     producer_side.publish("t", b"after the drop")
