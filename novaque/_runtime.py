@@ -274,7 +274,8 @@ class RuntimeClient(CoreClient):
         return ``[]`` once ``wait_s`` seconds of real time have passed.
 
         Between two calls it waits, holding no connection, for a wake-up of
-        ``topic`` (a publish of this client, the listener's ``NOTIFY``) or at
+        ``topic`` (a publish of this client, the listener's ``NOTIFY``, the change
+        watcher) or at
         most a jittered ``Options.poll_interval``. The listener runs while
         any long poll or consumer of the client waits. A missing channel
         raises before the wait begins.
