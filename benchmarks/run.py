@@ -620,9 +620,11 @@ class BackendRun:
             row.target = "p50 <= 3 ms, p99 <= 10 ms"
             row.met = lat["p50_ms"] <= 3 and lat["p99_ms"] <= 10
         else:
-            half = self.sizes.poll_interval_s * 1000 / 2
-            row.target = f"p50 <= {half:.0f} ms (half the poll interval)"
-            row.met = lat["p50_ms"] <= half
+            # Issue 13: woken by the change watcher, SQLite at least as soon as
+            # huey (~12 ms), MariaDB within 5 ms.
+            bound = 12 if self.backend == "sqlite" else 5
+            row.target = f"p50 <= {bound} ms (the change watcher)"
+            row.met = lat["p50_ms"] <= bound
 
     def _judge_twin(self, row: Row, sync: Row | None) -> None:
         """The twin's target: its ratio to the floor at least ``TWIN_TARGET`` of the

@@ -593,7 +593,7 @@ def latency(db: Database, sizes: Sizes, deadline: Deadline, *, side: SyncSide = 
 
     The publisher is a second, sync client (its own engine), so the consumer
     learns of each message as one in another process would: by NOTIFY on
-    PostgreSQL, by polling elsewhere (a publish through the consumer's own
+    PostgreSQL, by the change watcher elsewhere (a publish through the consumer's own
     client would wake it directly, in-process). Latency runs from the
     moment stamped in the body, just before ``publish()``, to the handler.
     """

@@ -188,6 +188,10 @@ class SyncExecutor:
         """A connection that receives the dialect's wake-ups, or None (consumers poll)."""
         return self.dialect.open_listener(self.engine)
 
+    def open_watcher(self, interval: float) -> NotifyListener:
+        """The dialect's change watcher, looking every ``interval`` seconds."""
+        return self.dialect.open_watcher(self.engine, interval)
+
     def detached(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` from outside the client's runtime (at interpreter exit)."""
         return fn()
@@ -301,6 +305,16 @@ class AsyncExecutor(SyncExecutor):
     def open_listener(self) -> NotifyListener | None:
         return self.dialect.open_listener(self.engine, awaited=True)
 
+    def open_watcher(self, interval: float) -> NotifyListener:
+        """On SQLite the sync watcher, run on a thread of its own (every look
+        through aiosqlite would be about four thread hops, every few
+        milliseconds): the loop only awaits what a wait found. Elsewhere the
+        dialect's watcher, its statements and pauses awaited on the loop."""
+        threaded = self._threaded
+        if threaded is None:
+            return self.dialect.open_watcher(self.engine, interval, awaited=True)
+        return _ThreadedListener(functools.partial(threaded.open_watcher, interval))
+
     def detached(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on an event loop of its own, once the application's loop is
         gone (at exit): the pooled connections of that loop are forgotten, not
@@ -366,6 +380,39 @@ class _Worker:
                 _hand_back(loop, future, None, exc)
             else:
                 _hand_back(loop, future, result, None)
+
+
+class _ThreadedListener:
+    """A sync listener whose every call runs on a thread of its own, awaited.
+
+    Its waits block that thread only; :meth:`interrupt` goes straight to the
+    listener (it only writes to a socket), so a wait ends at once.
+    """
+
+    def __init__(self, open_: Callable[[], NotifyListener]) -> None:
+        self._worker = _Worker("novaque-watcher")
+        try:
+            self._listener: NotifyListener = await_only(self._worker.submit(open_))
+        except BaseException:
+            self._worker.stop()
+            raise
+
+    def wait(self, timeout: float) -> list[str]:
+        call = functools.partial(self._listener.wait, timeout)
+        return await_only(self._worker.submit(call))
+
+    def interrupt(self) -> None:
+        self._listener.interrupt()
+
+    def close(self) -> None:
+        self._listener.interrupt()  # a wait still running ends first
+        try:
+            await_only(self._worker.submit(self._listener.close))
+        except BaseException:
+            self._listener.close()  # not awaitable now (cancelled, no loop): from here
+            raise
+        finally:
+            self._worker.stop()
 
 
 def _hand_back(

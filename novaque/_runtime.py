@@ -8,11 +8,13 @@
   the lease reaper, the TTL purge, the stats flush and the stats prune at
   their intervals. Every job is safe to run in many processes at once; a
   failure is logged at ERROR and the job is tried again after a backoff;
-- on databases that push wake-ups (PostgreSQL ``LISTEN``/``NOTIFY``), one
-  listening connection per client that wakes the local consumers and long
-  polls (``claim(wait=)``, ``pop(wait=)``) of the notified topic, held while
-  any of them runs. It reconnects when the connection drops and then wakes
-  every one once, since a notification may have been missed.
+- one wake-up connection per client that wakes the local consumers and long
+  polls (``claim(wait=)``, ``pop(wait=)``) of a topic that got deliveries
+  from elsewhere, held while any of them runs: PostgreSQL's ``LISTEN``
+  (the server pushes ``NOTIFY``), or on SQLite and MySQL/MariaDB the change
+  watcher, which looks for new deliveries every ``Options.watch_interval``
+  (``None``: none, consumers poll). It reconnects when the connection drops
+  and then wakes every one once, since a wake-up may have been missed.
 
 Each loop is a thread for :class:`novaque.Client` and a task for the asyncio
 twin (``_waits``: :mod:`novaque._waits`).
@@ -40,7 +42,7 @@ from novaque.dialects import NotifyListener
 from novaque.errors import InvalidOption, SchemaOutOfDate
 from novaque.models import Message
 from novaque.ops import consume
-from novaque.options import Backoff, Duration, Options, check_int, seconds
+from novaque.options import Backoff, Duration, Options, check_int, seconds, watch_interval
 from novaque.schema import deliveries
 
 __all__ = ["RuntimeClient"]
@@ -91,6 +93,12 @@ class RuntimeClient(CoreClient):
         self._listening: _Listening | None = None
         #: Long polls waiting now (they share the listener with the consumers).
         self._pollers = 0
+        #: Seconds between two looks of the change watcher, or None: no watcher
+        #: (PostgreSQL listens instead; ``Options.watch_interval=None``).
+        interval = self.options.watch_interval
+        self._watch_s: float | None = None
+        if self._dialect.supports_watch and interval is not None:
+            self._watch_s = watch_interval(interval, "Options.watch_interval")
         # Counters of a client that runs no maintenance (a process that only
         # publishes) are flushed by a thread of their own while there are any.
         self._flusher_lock = threading.Lock()
@@ -266,7 +274,8 @@ class RuntimeClient(CoreClient):
         return ``[]`` once ``wait_s`` seconds of real time have passed.
 
         Between two calls it waits, holding no connection, for a wake-up of
-        ``topic`` (a publish of this client, the listener's ``NOTIFY``) or at
+        ``topic`` (a publish of this client, the listener's ``NOTIFY``, the change
+        watcher) or at
         most a jittered ``Options.poll_interval``. The listener runs while
         any long poll or consumer of the client waits. A missing channel
         raises before the wait begins.
@@ -299,9 +308,10 @@ class RuntimeClient(CoreClient):
     # -- wake-ups -------------------------------------------------------------------
 
     def _listen_locked(self) -> None:
-        """Start the listener if the database pushes wake-ups and it is not
-        running (under ``_runtime_lock``)."""
-        if self._dialect.supports_notify and self._listening is None:
+        """Start the listener if the database pushes wake-ups (or the change
+        watcher where it does not) and it is not running (under ``_runtime_lock``)."""
+        listens = self._dialect.supports_notify or self._watch_s is not None
+        if listens and self._listening is None:
             run = self._listening = _Listening(self._waits.event())
             run.loop = self._waits.spawn(lambda: self._listen_loop(run), "novaque-listener")
 
@@ -311,17 +321,24 @@ class RuntimeClient(CoreClient):
         for waker in wakers:
             waker()
 
+    def _open_listener(self) -> NotifyListener | None:
+        if self._watch_s is not None:
+            return self._executor.open_watcher(self._watch_s)
+        return self._executor.open_listener()
+
     def _listen_loop(self, run: _Listening) -> None:
-        """Hold the client's one listening connection; wake consumers on NOTIFY."""
+        """Hold the client's one listening connection (or change watcher); wake
+        consumers of the topics it reports."""
         stop = run.stop
         errors = RetryDelay()
         listener: NotifyListener | None = None
         signals = self._runtime_signals
+        what = "NOTIFY listener" if self._watch_s is None else "change watcher"
         try:
             while not stop.is_set():
                 try:
                     if listener is None:
-                        listener = self._executor.open_listener()
+                        listener = self._open_listener()
                         if listener is None:
                             self.log.warning(
                                 "psycopg 3 is not installed: consumers poll instead of "
@@ -331,7 +348,7 @@ class RuntimeClient(CoreClient):
                         with run.lock:
                             run.conn = listener
                         if errors.failures:
-                            self.log.info("listening for NOTIFY again")
+                            self.log.info("%s connected again", what)
                         errors.reset()
                         signals.bump("listen_connected")
                         # Anything published while we were not listening was missed.
@@ -345,7 +362,8 @@ class RuntimeClient(CoreClient):
                 except Exception as exc:
                     signals.bump("listen_errors")
                     self.log.error(
-                        "NOTIFY listener failed (reconnecting; consumers poll meanwhile): %s",
+                        "%s failed (reconnecting; consumers poll meanwhile): %s",
+                        what,
                         _validate.error_text(exc),
                         exc_info=errors.traceback(exc),
                     )

@@ -332,7 +332,7 @@ class Consumer:
                 loop.join(max(0.0, deadline - time.monotonic()))
 
     def _wake_up(self) -> None:
-        """Claim now (called on publish, NOTIFY, or a free worker)."""
+        """Claim now (called on publish, NOTIFY, the change watcher, or a free worker)."""
         self._wake.set()
 
     # -- claiming ---------------------------------------------------------------------

@@ -31,6 +31,9 @@ MAX_BIGINT = 2**63 - 1
 #: Largest maintenance batch: its ids go into one statement, and SQLite takes
 #: at most 32,766 bound parameters.
 MAX_BATCH = 10_000
+#: Longest interval of the change watcher (seconds): one that looks less often
+#: than consumers poll wakes nobody early.
+MAX_WATCH_S = 60.0
 #: Longest stats retention (100 years; further back is before year 1 soon).
 MAX_RETENTION_DAYS = 36_500
 
@@ -91,6 +94,10 @@ class Options:
     given; the client converts them. ``clock``, when set, is used for every
     time decision (tests move it to expire leases without sleeping); when unset
     novaque uses the database server's clock (see the guide, "Time").
+    ``watch_interval`` is how often the change watcher of SQLite and
+    MySQL/MariaDB looks for new deliveries of other processes while consumers
+    or long polls wait (``None``: no watcher, they poll every
+    ``poll_interval``); PostgreSQL is woken by ``NOTIFY`` instead.
     """
 
     default_ttl: Duration = timedelta(days=7)
@@ -113,6 +120,7 @@ class Options:
     dead_max_bytes: int | None = None
     dead_letter_expired: bool = False
     consumer_heartbeat: Duration = 10.0
+    watch_interval: Duration | None = 0.002
 
     def __post_init__(self) -> None:
         for name in (
@@ -136,6 +144,8 @@ class Options:
             ("max_body_bytes", 0, None),
         ):
             check_int(getattr(self, name), f"Options.{name}", low, high)
+        if self.watch_interval is not None:
+            watch_interval(self.watch_interval, "Options.watch_interval")
         if self.dead_max_count is not None:
             check_int(self.dead_max_count, "Options.dead_max_count", 0, MAX_INT32)
         if self.dead_max_bytes is not None:
@@ -163,6 +173,22 @@ def check_int(value: object, name: str, low: int, high: int | None = None) -> in
         shown = str(value) if value.bit_length() <= 256 else f"a {value.bit_length()}-bit integer"
         raise InvalidOption(f"{name} must be {allowed}, got {shown}")
     return value
+
+
+def watch_interval(value: Duration, name: str = "watch_interval") -> float:
+    """The change watcher's interval in seconds: > 0 and at most :data:`MAX_WATCH_S`."""
+    result = seconds(value, name)
+    if result == 0:
+        raise InvalidOption(
+            f"{name} must be > 0 seconds, got 0; None turns the change watcher off "
+            "(consumers then poll every poll_interval)"
+        )
+    if result > MAX_WATCH_S:
+        raise InvalidOption(
+            f"{name} is {result:.15g} s; the limit is {MAX_WATCH_S:.15g} s (a watcher that "
+            "looks less often than consumers poll wakes nobody early; None turns it off)"
+        )
+    return result
 
 
 def dead_max_age(value: Duration, name: str = "dead_max_age") -> float:

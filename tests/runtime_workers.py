@@ -1,7 +1,7 @@
 """A consumer process for the multi-process runtime tests.
 
 ``python -m tests.runtime_workers URL TOPIC CHANNEL OUT [--max-in-flight N]
-[--lease S]`` subscribes with a handler that writes one line when it starts
+[--lease S] [--poll-interval S]`` subscribes with a handler that writes one line when it starts
 and one when it ends::
 
     S <delivery id> <lease token> <message id> <monotonic ns>
@@ -35,6 +35,7 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--max-in-flight", type=int, default=4)
     parser.add_argument("--lease", type=float, default=30.0)
+    parser.add_argument("--poll-interval", type=float, default=0.05)
     args = parser.parse_args()
 
     out = Path(args.out)
@@ -54,7 +55,9 @@ def main() -> None:
             forever.wait()
         record("E", msg)
 
-    client = novaque.Client(sa.create_engine(args.url), novaque.Options(poll_interval=0.05))
+    client = novaque.Client(
+        sa.create_engine(args.url), novaque.Options(poll_interval=args.poll_interval)
+    )
     consumer = client.subscribe(
         args.topic, args.channel, handler, max_in_flight=args.max_in_flight, lease=args.lease
     )

@@ -8,7 +8,9 @@
 - :mod:`~novaque.dialects.engines`: engine and pool set-up, and
   :func:`for_engine` / :func:`class_for`, which pick the class from the
   engine's dialect name;
-- :mod:`~novaque.dialects.listen`: the PostgreSQL LISTEN client.
+- :mod:`~novaque.dialects.listen`: the PostgreSQL LISTEN client;
+- :mod:`~novaque.dialects.watch`: the change watchers of SQLite and
+  MySQL/MariaDB, which look often for new deliveries instead.
 
 Nothing outside this package branches on the database.
 """

@@ -329,6 +329,10 @@ class Dialect:
     floor: ClassVar[tuple[int, ...]] = ()
     #: Whether the server pushes wake-ups (PostgreSQL LISTEN/NOTIFY).
     supports_notify: ClassVar[bool] = False
+    #: Whether new deliveries of other connections can be watched for by
+    #: looking often at a cheap marker (:meth:`open_watcher`), where nothing
+    #: is pushed (SQLite, MySQL/MariaDB).
+    supports_watch: ClassVar[bool] = False
 
     #: Whether one transaction at a time may write (SQLite locks the whole
     #: file): the executor then makes novaque's threads take turns per file.
@@ -539,6 +543,18 @@ class Dialect:
         and statement awaited on the event loop.
         """
         return None
+
+    def open_watcher(
+        self, engine: sa.Engine, interval: float, *, awaited: bool = False
+    ) -> NotifyListener:
+        """A connection to ``engine``'s database that looks every ``interval``
+        seconds for deliveries committed by others and returns their topics
+        (:mod:`~novaque.dialects.watch`), where :attr:`supports_watch`.
+
+        Raises if the database cannot be reached. ``awaited``: as for
+        :meth:`open_listener`.
+        """
+        raise NotImplementedError(f"{self.name} has no change watcher")
 
     def read_latest(self, stmt: sa.Select[T_row]) -> sa.Select[T_row]:
         """``stmt`` made to see the latest committed rows in the caller's transaction.

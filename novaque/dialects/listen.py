@@ -143,23 +143,9 @@ class _AwaitedPostgresListener(_PostgresListener):
         return _await(self._readable(timeout))  # type: ignore[no-any-return]
 
     async def _readable(self, timeout: float) -> tuple[bool, bool]:
-        loop = asyncio.get_running_loop()
-        sockets = {"conn": self._conn.fileno(), "woken": self._wake_r.fileno()}
-        ready: set[str] = set()
-        done: asyncio.Future[None] = loop.create_future()
-
-        def readable(name: str) -> None:
-            ready.add(name)
-            if not done.done():
-                done.set_result(None)
-
-        for name, fd in sockets.items():
-            loop.add_reader(fd, readable, name)
-        try:
-            await asyncio.wait({done}, timeout=max(timeout, 0.0))
-        finally:
-            for fd in sockets.values():
-                loop.remove_reader(fd)
+        ready = await readable(
+            {"conn": self._conn.fileno(), "woken": self._wake_r.fileno()}, timeout
+        )
         return "conn" in ready, "woken" in ready
 
     def _read(self) -> list[str]:
@@ -173,6 +159,28 @@ class _AwaitedPostgresListener(_PostgresListener):
 
     def _close(self) -> None:
         _await(self._conn.close())
+
+
+async def readable(sockets: dict[str, int], timeout: float) -> set[str]:
+    """Wait on the running loop until one of ``sockets`` (name: file descriptor)
+    is readable or ``timeout`` seconds passed; the names of those readable."""
+    loop = asyncio.get_running_loop()
+    ready: set[str] = set()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def mark(name: str) -> None:
+        ready.add(name)
+        if not done.done():
+            done.set_result(None)
+
+    for name, fd in sockets.items():
+        loop.add_reader(fd, mark, name)
+    try:
+        await asyncio.wait({done}, timeout=max(timeout, 0.0))
+    finally:
+        for fd in sockets.values():
+            loop.remove_reader(fd)
+    return ready
 
 
 def _detached(engine: sa.Engine) -> Any:

@@ -13,6 +13,7 @@ from sqlalchemy.exc import DBAPIError
 from novaque.dialects.base import (
     ClaimedRow,
     Dialect,
+    NotifyListener,
     T_row,
     _channel_lease,
     _claim_range,
@@ -29,6 +30,7 @@ from novaque.dialects.base import (
     plain_channel,
     publish_one_committed,
 )
+from novaque.dialects.watch import MySQLWatcher
 from novaque.errors import UnsupportedDatabase
 from novaque.schema import COUNTER_COLUMNS, STATE_READY, channels, groups, stats
 
@@ -50,6 +52,13 @@ def _mysql_code(exc: DBAPIError) -> object:
 class MySQLDialect(Dialect):
     name = "MySQL"
     floor = (8, 0, 1)
+    # No push: the newest delivery id is looked at instead.
+    supports_watch = True
+
+    def open_watcher(
+        self, engine: sa.Engine, interval: float, *, awaited: bool = False
+    ) -> NotifyListener:
+        return MySQLWatcher(engine, interval, awaited=awaited)
 
     # The message fields come with the locking read, through primary-key
     # subqueries: InnoDB locks only the rows of the outer query (a locking

@@ -16,6 +16,7 @@ from novaque.dialects.base import (
     PLAIN_CHANNEL_SQL,
     ClaimedRow,
     Dialect,
+    NotifyListener,
     _channel_lease,
     _claim_ids,
     _claim_params,
@@ -31,6 +32,7 @@ from novaque.dialects.base import (
     m,
     publish_one_committed,
 )
+from novaque.dialects.watch import SQLiteWatcher
 from novaque.errors import UnsupportedDatabase
 from novaque.schema import STATE_READY, channels
 
@@ -54,6 +56,8 @@ class SQLiteDialect(Dialect):
     # tries: a consumer's claims and acks would otherwise stall each other.
     # Other processes still meet in the busy handler.
     one_writer = True
+    # Another connection's commit changes PRAGMA data_version.
+    supports_watch = True
 
     @classmethod
     def check_floor(cls, conn: sa.Connection) -> None:
@@ -85,6 +89,11 @@ class SQLiteDialect(Dialect):
                 f"migration left {len(broken)} rows with a dangling foreign key "
                 f"(first: {tuple(broken[0])}); rolled back"
             )
+
+    def open_watcher(
+        self, engine: sa.Engine, interval: float, *, awaited: bool = False
+    ) -> NotifyListener:
+        return SQLiteWatcher(engine, interval, awaited=awaited)
 
     def is_retryable(self, exc: DBAPIError) -> bool:
         text = str(exc.orig).lower()
