@@ -501,6 +501,7 @@ class CoreClient:
                 )
                 if done is None:  # routed channels after all: nothing was written
                     self._routed_topics.add(topic)
+                    one = False
             if done is None:
                 done = self._run_timed(
                     "publish" if one else "",

@@ -185,3 +185,22 @@ def test_cursor_events_of_novaques_engine_see_every_publish(backend: Backend) ->
     client.publish("watched", b"third")  # unwatched again
     assert client.channel_backlog("watched", "c").ready == 3
     client.shutdown()
+
+
+def test_a_topic_that_gains_a_filtered_channel_after_its_id_was_cached(
+    backend: Backend, client: novaque.Client
+) -> None:
+    # The publisher saw the topic plain (its id cached, one statement or the
+    # driver path); another client adds a filtered and an ordered channel:
+    # the next publish finds them, writes nothing on the fast path, and
+    # publishes again in a transaction that writes their deliveries.
+    client.ensure_channel("gains", "plain")
+    client.publish("gains", b"before")
+    other = backend.client()
+    other.ensure_channel("gains", "gold", filter="headers.tier == 'gold'")
+    other.ensure_channel("gains", "fifo", ordering="group_fifo")
+    gold = client.publish("gains", b"gold", headers={"tier": "gold"}, group=None)
+    silver = client.publish("gains", b"silver", headers={"tier": "silver"})
+    assert [d.channel for d in client.get_message(gold).deliveries] == ["fifo", "gold", "plain"]
+    assert [d.channel for d in client.get_message(silver).deliveries] == ["fifo", "plain"]
+    assert client.channel_backlog("gains", "plain").ready == 3

@@ -391,6 +391,18 @@ class PostgresDialect(Dialect):
 
     holds_parents = True
 
+    def insert_deduplicated(self, conn: sa.Connection, row: dict[str, Any]) -> int | None:
+        # The key's unique index is partial (migration 0006): ON CONFLICT names it.
+        stmt = (
+            pg_dialect.insert(m)
+            .on_conflict_do_nothing(
+                index_elements=[m.c.topic_id, m.c.dedup_key], index_where=m.c.dedup_key.is_not(None)
+            )
+            .returning(m.c.id)
+        )
+        found = conn.execute(stmt, row).scalar_one_or_none()
+        return None if found is None else int(found)
+
     def read_held(self, stmt: sa.Select[T_row]) -> sa.Select[T_row]:
         return stmt.with_for_update(key_share=True)
 
