@@ -527,6 +527,7 @@ class CoreClient:
     def _on_driver(self, op: str) -> bool:
         """Whether operation ``op`` takes the driver path
         (:meth:`~novaque._executor.SyncExecutor.run_driver`) on this engine."""
+        self._ready()  # as _run does before each transaction
         ops = self._driver_ops
         if ops is None:
             ops = self._driver_ops = self._dialect.driver_ops(self._executor.engine.dialect)

@@ -83,6 +83,22 @@ def test_unmigrated_database_raises_schema_out_of_date_until_migrated(
     assert client.list_topics() == []  # the first client heals
 
 
+def test_a_publish_after_its_clients_downgrade_raises_schema_out_of_date(
+    backend: Backend, tmp_path: Path
+) -> None:
+    # The topic id is cached, so the publish would take the driver path: it
+    # checks the schema first, as every transaction does.
+    client = novaque.Client(backend.engine(backend.scratch_url(tmp_path)))
+    client.migrate()
+    client.ensure_channel("t", "c")
+    client.publish("t", b"cached")
+    client.downgrade("base")
+    with pytest.raises(novaque.SchemaOutOfDate):
+        client.publish("t", b"after")
+    client.migrate()
+    assert client.publish("t", b"again") > 0
+
+
 def test_an_older_schema_is_reported_with_both_revisions(backend: Backend, tmp_path: Path) -> None:
     url = backend.scratch_url(tmp_path)
     engine = backend.engine(url)
