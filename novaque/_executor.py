@@ -99,11 +99,19 @@ class SyncExecutor:
         one statement (``one_statement_ops``), it then runs in autocommit and
         saves the round trips of BEGIN and COMMIT.
         """
+        return self._retried(functools.partial(self._in_transaction, fn, one_statement), attempts)
+
+    def _in_transaction(self, fn: Callable[[sa.Connection], T], one_statement: bool) -> T:
+        with self._transaction(one_statement) as conn:
+            return fn(conn)
+
+    def _retried(self, attempt_once: Callable[[], T], attempts: int) -> T:
+        """``attempt_once()`` in this executor's turn, tried again after a conflict
+        that a repeat can cure (the dialect's ``is_retryable``), up to ``attempts``."""
         with self._turn:
             for attempt in range(1, attempts + 1):
                 try:
-                    with self._transaction(one_statement) as conn:
-                        return fn(conn)
+                    return attempt_once()
                 except DBAPIError as exc:
                     if attempt == attempts or not self.dialect.is_retryable(exc):
                         raise
@@ -135,15 +143,7 @@ class SyncExecutor:
         connection is dropped from the pool, as on SQLAlchemy's own path.
         """
         engine = self._autocommit_engine or self.engine
-        with self._turn:
-            for attempt in range(1, attempts + 1):
-                try:
-                    return _on_driver(engine, fn)
-                except DBAPIError as exc:
-                    if attempt == attempts or not self.dialect.is_retryable(exc):
-                        raise
-                    self.pause(random.uniform(0, 0.002 * 2**attempt))
-        raise AssertionError("unreachable")  # pragma: no cover
+        return self._retried(functools.partial(_on_driver, engine, fn), attempts)
 
     def pause(self, seconds: float) -> None:
         """Wait ``seconds`` before trying again."""
@@ -265,11 +265,9 @@ class AsyncExecutor(SyncExecutor):
         threaded = self._threaded
         if threaded is None:
             return super().run(fn, one_statement=one_statement, attempts=attempts)
-        call = functools.partial(threaded.run, fn, one_statement=one_statement, attempts=attempts)
-        if self._detached:
-            return call()
-        with self._turn:
-            return await_only(self._on_thread(call))
+        return self._threaded_call(
+            functools.partial(threaded.run, fn, one_statement=one_statement, attempts=attempts)
+        )
 
     def run_driver(self, fn: Callable[[Any], T], *, attempts: int = ATTEMPTS) -> T:
         """:meth:`SyncExecutor.run_driver`, awaited (on SQLite: on the client's
@@ -277,7 +275,11 @@ class AsyncExecutor(SyncExecutor):
         threaded = self._threaded
         if threaded is None:
             return super().run_driver(fn, attempts=attempts)
-        call = functools.partial(threaded.run_driver, fn, attempts=attempts)
+        return self._threaded_call(functools.partial(threaded.run_driver, fn, attempts=attempts))
+
+    def _threaded_call(self, call: Callable[[], T]) -> T:
+        """SQLite: ``call`` (a sync executor's transaction) on the client's
+        thread, awaited in the loop's turn (at exit, with no loop: here)."""
         if self._detached:
             return call()
         with self._turn:

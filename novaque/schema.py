@@ -12,7 +12,7 @@ autogenerate with :func:`include_object` (see the guide).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
@@ -123,12 +123,20 @@ _mysql_table: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8
 ENGINE_CHECKED = frozenset({"sqlite", "mysql", "mariadb"})
 
 
-def _engine_checked_fk(column: str, parent: sa.Column[Any]) -> sa.ForeignKeyConstraint:
-    fk = sa.ForeignKeyConstraint(
-        [column], [parent], ondelete="CASCADE", info={"novaque_dialects": ENGINE_CHECKED}
-    )
+_Item = TypeVar("_Item", bound="sa.Constraint | sa.Index")
+
+
+def _only_on(item: _Item, names: frozenset[str]) -> _Item:
+    """``item`` created only on the databases ``names`` (by create_all), and
+    compared only there (:func:`exists_on`)."""
+    item.info["novaque_dialects"] = names
     # A sequence of names works (SQLAlchemy tests "dialect.name in names"); its stub says str.
-    return fk.ddl_if(dialect=sorted(ENGINE_CHECKED))  # type: ignore[arg-type]
+    item.ddl_if(dialect=sorted(names))  # type: ignore[arg-type]  # (sets it on item)
+    return item
+
+
+def _engine_checked_fk(column: str, parent: sa.Column[Any]) -> sa.ForeignKeyConstraint:
+    return _only_on(sa.ForeignKeyConstraint([column], [parent], ondelete="CASCADE"), ENGINE_CHECKED)
 
 
 def exists_on(item: Any, dialect_name: str) -> bool:
@@ -190,17 +198,17 @@ messages = sa.Table(
     sa.Column("group_key", ExactKey(), nullable=True),  # publish(group=...)
     # The key's uniqueness: a constraint, or on PostgreSQL a partial unique
     # index, which messages without a key (nearly all) cost nothing.
-    sa.UniqueConstraint("topic_id", "dedup_key", info={"novaque_dialects": ENGINE_CHECKED}).ddl_if(
-        dialect=sorted(ENGINE_CHECKED)  # type: ignore[arg-type]
+    _only_on(sa.UniqueConstraint("topic_id", "dedup_key"), ENGINE_CHECKED),
+    _only_on(
+        sa.Index(
+            "ix_novaque_messages_dedup_key",
+            "topic_id",
+            "dedup_key",
+            unique=True,
+            postgresql_where=sa.text("dedup_key IS NOT NULL"),
+        ),
+        frozenset({"postgresql"}),
     ),
-    sa.Index(
-        "ix_novaque_messages_dedup_key",
-        "topic_id",
-        "dedup_key",
-        unique=True,
-        postgresql_where=sa.text("dedup_key IS NOT NULL"),
-        info={"novaque_dialects": frozenset({"postgresql"})},
-    ).ddl_if(dialect="postgresql"),
     _engine_checked_fk("topic_id", topics.c.id),
     sa.Index(None, "topic_id", "published_at", "id"),
     sa.Index(None, "expires_at"),

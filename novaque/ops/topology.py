@@ -45,8 +45,10 @@ def topic_id_in(conn: sa.Connection, dialect: dialects.Dialect, now: int, topic:
     return int(found)
 
 
-def existing_topic_id(conn: sa.Connection, topic: str) -> int:
-    found = conn.execute(_topic_id, {"p_topic": topic}).scalar_one_or_none()
+def existing_topic_id(conn: sa.Connection, topic: str, *, lock: bool = False) -> int:
+    """The id of ``topic`` (``lock``: its row locked FOR UPDATE), or TopicNotFound."""
+    lookup = _topic_id.with_for_update() if lock else _topic_id
+    found = conn.execute(lookup, {"p_topic": topic}).scalar_one_or_none()
     if found is None:
         raise TopicNotFound(f"topic {topic!r} does not exist")
     return int(found)
@@ -160,10 +162,7 @@ def lock_topic(conn: sa.Connection, topic: str) -> int:
     delete does first, so that a publish or replay holding the topic
     (:meth:`~novaque.dialects.Dialect.hold_topic`) commits before anything is
     deleted, or waits and finds what it wrote to gone."""
-    found = conn.execute(_topic_id.with_for_update(), {"p_topic": topic}).scalar_one_or_none()
-    if found is None:
-        raise TopicNotFound(f"topic {topic!r} does not exist")
-    return int(found)
+    return existing_topic_id(conn, topic, lock=True)
 
 
 def delete_topic(conn: sa.Connection, dialect: dialects.Dialect, topic: str) -> None:
