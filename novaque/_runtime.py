@@ -292,13 +292,16 @@ class RuntimeClient(CoreClient):
         signals = self._runtime_signals
         try:
             while True:
-                woken.clear()  # before the fetch: a wake-up during it is kept
                 got = fetch()
                 signals.bump("long_poll_fetches")
                 left = deadline - time.monotonic()
                 if got or left <= 0:
                     return got
+                # A wake-up since the waker was added (during the fetch, or
+                # the listener's first one, before it) ends the wait at once;
+                # cleared after it, as the next fetch follows whatever set it.
                 woken.wait(min(left, jittered(poll_s)))
+                woken.clear()
         finally:
             self._remove_waker(topic, wake)
             with self._runtime_lock:

@@ -223,13 +223,15 @@ def test_bench_forwards_its_arguments(tmp_path: Path) -> None:
 def test_stats_table_and_json(db: Path) -> None:
     ok(run("channels", "orders", "--create", "billing", cwd=db))
     ok(run("channels", "orders", "--create", "shipping", cwd=db))
+    # From the day before: the publish is counted if the run crosses midnight.
+    since = (datetime.now(timezone.utc) - timedelta(days=1)).date().isoformat()
     ok(run("publish", "orders", "x", cwd=db))
-    table = ok(run("stats", cwd=db)).splitlines()
-    assert table[0].startswith("backlog now; counters for UTC days ")
+    table = ok(run("stats", "--since", since, cwd=db)).splitlines()
+    assert table[0].startswith(f"backlog now; counters for UTC days {since} .. today")
     assert table[1].split()[:6] == ["TOPIC", "CHANNEL", "PENDING", "READY", "IN_FLIGHT", "DEAD"]
     assert table[2].split()[:6] == ["orders", "billing", "0", "1", "0", "0"]
     assert len(table) == 4
-    data = json.loads(ok(run("stats", "orders", "billing", "--json", cwd=db)))
+    data = json.loads(ok(run("stats", "orders", "billing", "--since", since, "--json", cwd=db)))
     (row,) = data["channels"]
     assert row["backlog"] == {"pending": 0, "ready": 1, "in_flight": 0, "dead": 0}
     assert row["counters"]["published"] == 1

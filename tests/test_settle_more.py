@@ -425,6 +425,31 @@ def test_a_waiting_call_is_woken_by_a_publish_of_its_client(
     assert msg.id == message_id
 
 
+@pytest.mark.sync_only  # the wait loop both clients share; the hook is the sync client's
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_a_wake_up_before_the_first_fetch_is_kept(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The listener's first wake-up can come before the waiting call's first
+    # fetch has begun (it is spawned just before): it must still end the
+    # first idle wait, as the listener may have missed a publish until then.
+    client = backend.client(poll_interval=3600, watch_interval=None)
+    client.ensure_channel("t", "c")
+    listen = client._listen_locked
+
+    def listen_and_wake_at_once() -> None:
+        listen()
+        client._wake_all()
+
+    monkeypatch.setattr(client, "_listen_locked", listen_and_wake_at_once)
+    signals = client._runtime_signals
+    poll = InThread(lambda: client.claim("t", "c", wait=WAIT))
+    waited(signals.wait("long_poll_fetches", 2, WAIT), "the fetch the wake-up asked for")
+    client.publish("t", b"x")
+    [msg] = poll.join()
+    client.ack(msg)
+
+
 @pytest.mark.parametrize("backend", ["postgres"], indirect=True)  # the server that pushes
 def test_a_waiting_claim_is_woken_by_notify_from_another_client(backend: Backend) -> None:
     waiting = backend.client(poll_interval=3600)
