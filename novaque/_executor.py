@@ -206,10 +206,13 @@ class SyncExecutor:
 def _on_driver(engine: sa.Engine, fn: Callable[[Any], T]) -> T:
     """``fn`` of a pooled DBAPI connection of ``engine``, its errors as SQLAlchemy's."""
     fairy = engine.raw_connection()
+    ended = False  # fn's transaction ended (it returned, or was rolled back here)
     try:
         dbapi: Any = fairy.dbapi_connection
         try:
-            return fn(dbapi)
+            found = fn(dbapi)
+            ended = True
+            return found
         except engine.dialect.loaded_dbapi.Error as exc:
             lost = engine.dialect.is_disconnect(exc, dbapi, None)
             if lost:
@@ -217,6 +220,7 @@ def _on_driver(engine: sa.Engine, fn: Callable[[Any], T]) -> T:
             else:
                 with contextlib.suppress(Exception):
                     dbapi.rollback()
+                    ended = True
             raise DBAPIError.instance(
                 None,
                 None,
@@ -226,7 +230,14 @@ def _on_driver(engine: sa.Engine, fn: Callable[[Any], T]) -> T:
                 dialect=engine.dialect,
             ) from exc
     finally:
-        fairy.close()
+        # As SQLAlchemy's Connection does after its own commit: the pool need
+        # not roll back what has ended (on PyMySQL that ROLLBACK is a round
+        # trip of its own, on every publish of a plain engine).
+        close_special = getattr(fairy, "_close_special", None)
+        if ended and close_special is not None:
+            close_special(transaction_reset=True)
+        else:
+            fairy.close()
 
 
 class AsyncExecutor(SyncExecutor):

@@ -187,6 +187,31 @@ def test_cursor_events_of_novaques_engine_see_every_publish(backend: Backend) ->
     client.shutdown()
 
 
+@pytest.mark.sync_only
+def test_the_driver_path_gives_its_connection_back_without_another_rollback(
+    backend: Backend,
+) -> None:
+    # A one-message publish commits (or rolls back) its own transaction on
+    # the driver's connection: the pool is told so and sends no ROLLBACK of
+    # its own on return (on PyMySQL a round trip per publish).
+    client = novaque.Client(backend.engine())
+    client.ensure_channel("pooled", "c")
+    client.publish("pooled", b"first")  # the topic id is cached
+    resets: list[bool] = []
+
+    def reset(dbapi: object, record: object, state: sa.engine.PoolResetState) -> None:
+        resets.append(state.transaction_was_reset)
+
+    sa.event.listen(client.own_engine, "reset", reset)
+    try:
+        client.publish("pooled", b"second")
+    finally:
+        sa.event.remove(client.own_engine, "reset", reset)
+    assert resets == [True]
+    assert client.channel_backlog("pooled", "c").ready == 2
+    client.shutdown()
+
+
 def test_a_topic_that_gains_a_filtered_channel_after_its_id_was_cached(
     backend: Backend, client: novaque.Client
 ) -> None:
