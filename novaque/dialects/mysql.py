@@ -11,6 +11,7 @@ from sqlalchemy.dialects import mysql as mysql_dialect
 from sqlalchemy.exc import DBAPIError
 
 from novaque.dialects.base import (
+    PLAIN_CHANNEL_SQL,
     ClaimedRow,
     Dialect,
     NotifyListener,
@@ -23,12 +24,9 @@ from novaque.dialects.base import (
     _lease_values,
     _message_fields,
     d,
-    fan_out_one_sql,
-    has_routed_sql,
     insert_message_sql,
     m,
     plain_channel,
-    publish_one_committed,
 )
 from novaque.dialects.watch import MySQLWatcher
 from novaque.errors import UnsupportedDatabase
@@ -300,7 +298,26 @@ class MySQLDialect(Dialect):
         .returning(d.c.channel_id, _routed_exists)
     )
     _has_routed = sa.select(_routed_exists)
-    _publish_one = (insert_message_sql("%s"), fan_out_one_sql("%s"), has_routed_sql("%s"))
+    #: MariaDB's one-message publish in one round trip instead of three: a
+    #: compound statement (``BEGIN NOT ATOMIC``, MariaDB 10.1+; one statement
+    #: to the protocol, so no multi-statement flag) that inserts the message
+    #: and its deliveries to the plain channels (returned: one row per
+    #: channel), then commits, or rolls back when the topic has routed
+    #: channels, and returns the message id (NULL: rolled back). The routed
+    #: check reads the channels after the fan-out did: a routed channel the
+    #: fan-out could have seen sends the publish down the general path.
+    _publish_one_block = (
+        "BEGIN NOT ATOMIC DECLARE new_id BIGINT; "
+        f"{insert_message_sql('%s')}; "
+        "SET new_id = LAST_INSERT_ID(); "
+        f"INSERT INTO {d.name} (message_id, channel_id, state, visible_at, attempts, "
+        f"max_attempts) SELECT new_id, id, {STATE_READY}, %s, 0, coalesce(max_attempts, %s) "
+        f"FROM {channels.name} WHERE topic_id = %s AND {PLAIN_CHANNEL_SQL.format(c='')} "
+        "ORDER BY id RETURNING channel_id; "
+        f"IF EXISTS (SELECT 1 FROM {channels.name} WHERE topic_id = %s "
+        f"AND NOT ({PLAIN_CHANNEL_SQL.format(c='')})) THEN ROLLBACK; SELECT NULL; "
+        "ELSE COMMIT; SELECT new_id; END IF; END"
+    )
 
     def driver_ops(self, sql_dialect: sa.Dialect) -> frozenset[str]:
         # MariaDB: INSERT ... SELECT ... RETURNING writes and counts the
@@ -314,7 +331,33 @@ class MySQLDialect(Dialect):
         # but the channels, and a locking read of those takes no lock a claim
         # waits for (claims read the channel row without locking it). This
         # saves SET TRANSACTION's round trip on a plain engine.
-        return publish_one_committed(dbapi, self._publish_one, fields, body, visible)
+        topic_id = fields["topic_id"]
+        cursor = dbapi.cursor()
+        try:
+            cursor.execute(
+                self._publish_one_block,
+                (
+                    topic_id,
+                    body,
+                    fields["headers"],
+                    fields["published_at"],
+                    fields["expires_at"],
+                    fields["max_attempts"],
+                    None,
+                    visible,
+                    fields["max_attempts"],
+                    topic_id,
+                    topic_id,
+                ),
+            )
+            fanout = {int(channel_id): 1 for (channel_id,) in cursor.fetchall()}
+            cursor.nextset()
+            (message_id,) = cursor.fetchone()
+            while cursor.nextset():  # the compound statement's closing OK
+                pass
+        finally:
+            cursor.close()
+        return None if message_id is None else (int(message_id), fanout)
 
     def fan_out(
         self,
