@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import timedelta
 
 import pytest
 
@@ -72,3 +73,31 @@ def test_without_free_slots_it_only_acks(client: novaque.Client) -> None:
     assert (lost, got) == ([], [])
     [last] = client.claim("t", "c", max_messages=10)
     client.ack(last)
+
+
+def test_the_channels_lease_serves_a_consumer_that_names_none(
+    client: novaque.Client, clock: FakeClock
+) -> None:
+    client.ensure_channel("t", "c", lease=600)
+    ids, channel_id = setup(client, 3)
+    first = client.claim("t", "c", max_messages=1)
+    # channel_lease: the consumer named no lease, so the channel's wins over
+    # the 30 s passed (what Options.default_lease would be).
+    lost, second = client._ack_and_claim(first, "t", "c", channel_id, 1, 30.0, channel_lease=True)
+    assert lost == []
+    assert [m.lease_expires_at for m in second] == [clock() + timedelta(seconds=600)]
+    lost, third = client._ack_and_claim(second, "t", "c", channel_id, 1, 30.0)
+    assert [m.lease_expires_at for m in third] == [clock() + timedelta(seconds=30)]
+    assert [m.id for m in first + second + third] == ids
+    client.ack_many(third)
+
+
+def test_a_paused_channel_is_acked_but_hands_out_nothing(client: novaque.Client) -> None:
+    ids, channel_id = setup(client, 3)
+    first = client.claim("t", "c", max_messages=1)
+    client.pause_channel("t", "c")
+    lost, got = client._ack_and_claim(first, "t", "c", channel_id, 5, 30.0)
+    assert (lost, got) == ([], [])
+    client.resume_channel("t", "c")
+    assert [m.id for m in client.claim("t", "c", max_messages=5)] == ids[1:]
+    assert client.channel_backlog("t", "c").in_flight == 2
