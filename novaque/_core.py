@@ -792,6 +792,21 @@ class CoreClient:
         """Claim with ``lease_s``; with ``channel_lease`` the channel's own lease,
         when it has one, replaces it (``attempt_id``: see :meth:`claim`)."""
         token = secrets.token_hex(16)
+        lease_us = int(lease_s * US)
+        if attempt_id is None and self._on_driver("claim"):
+            rows, now, effects = self._executor.run_driver(
+                functools.partial(
+                    consume.claim_driver,
+                    self._dialect,
+                    self._now,
+                    channel_id,
+                    limit,
+                    lease_us,
+                    token,
+                    channel_lease,
+                )
+            )
+            return self._handed_out(topic, channel, channel_id, token, rows, now, effects)
         return self._hand_out(
             topic,
             channel,
@@ -800,7 +815,7 @@ class CoreClient:
             "claim" if attempt_id is None else "",
             consume.claim,
             limit,
-            int(lease_s * US),
+            lease_us,
             token,
             channel_lease,
             attempt_id,
@@ -825,6 +840,19 @@ class CoreClient:
         rows, its time, its effects; ``op``: as for :meth:`_run`): their
         messages, leased with ``token``."""
         rows, now, effects = self._run_timed(op, fn, channel_id, *args, **kwargs)
+        return self._handed_out(topic, channel, channel_id, token, rows, now, effects)
+
+    def _handed_out(
+        self,
+        topic: str,
+        channel: str,
+        channel_id: int,
+        token: str,
+        rows: list[dialects.ClaimedRow],
+        now: int,
+        effects: Effects,
+    ) -> list[Message]:
+        """After an operation handed ``rows`` out at ``now``: their messages."""
         self._apply(effects)
         if not rows:
             self._channel_maybe_gone(topic, channel)

@@ -101,3 +101,15 @@ def test_a_paused_channel_is_acked_but_hands_out_nothing(client: novaque.Client)
     client.resume_channel("t", "c")
     assert [m.id for m in client.claim("t", "c", max_messages=5)] == ids[1:]
     assert client.channel_backlog("t", "c").in_flight == 2
+
+
+def test_the_group_of_a_message_comes_with_it_on_an_unordered_channel(
+    client: novaque.Client,
+) -> None:
+    _, channel_id = setup(client, 1)
+    client.publish("t", b"grouped", group="order-7")
+    first = client.claim("t", "c", max_messages=1)
+    lost, [got] = client._ack_and_claim(first, "t", "c", channel_id, 5, 30.0)
+    assert lost == []
+    assert (got.body, got.group, got.order_key) == (b"grouped", "order-7", None)
+    client.ack(got)

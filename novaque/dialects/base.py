@@ -467,7 +467,7 @@ class Dialect:
         """The operations written for the driver path on this database (as
         ``sql_dialect``, SQLAlchemy's dialect of the engine, reports it):
         ``"publish"`` (:meth:`publish_one_driver`), ``"ack_claim"``
-        (:meth:`ack_and_claim_driver`)."""
+        (:meth:`ack_and_claim_driver`), ``"claim"`` (:meth:`claim_driver`)."""
         return frozenset()
 
     def publish_one_driver(
@@ -493,6 +493,21 @@ class Dialect:
     ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
         """:meth:`ack_and_claim` as a whole transaction of novaque's own on the
         DBAPI connection ``dbapi``, in the driver's SQL (the driver path)."""
+        raise NotImplementedError
+
+    def claim_driver(
+        self,
+        dbapi: Any,
+        channel_id: int,
+        limit: int,
+        now: int,
+        until: int,
+        token: str,
+        channel_lease: bool = False,
+    ) -> list[ClaimedRow]:
+        """:meth:`claim` (without an attempt id) as a whole transaction of
+        novaque's own on the DBAPI connection ``dbapi``, in the driver's SQL
+        (the driver path)."""
         raise NotImplementedError
 
     def fan_out(

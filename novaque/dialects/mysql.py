@@ -48,6 +48,93 @@ def _mysql_code(exc: DBAPIError) -> object:
     return args[0] if args else None
 
 
+def _lease_block(*, ack: bool) -> str:
+    """MariaDB's claim (``ack``: after the ack of a batch) as one compound
+    statement (``BEGIN NOT ATOMIC``), a whole transaction in one round trip,
+    in READ COMMITTED as :meth:`MySQLDialect.begin_transaction` sets it (no
+    gap locks: claims never deadlock with publishes).
+
+    It deletes the acked deliveries still leased with their token (returned),
+    leases the claim's rows (its locking read, skipping others' locks, joined
+    by the UPDATE, which then reaches each row by its key: MariaDB's UPDATE
+    has neither RETURNING nor SKIP LOCKED of its own), returns them with their
+    messages, found by the claim's token at the lease's expiry (an index range
+    of the channel's leased rows), and commits. A paused channel leases
+    nothing. Parameters: :func:`_lease_params`, and for the ack ``ids`` and
+    ``pairs`` (tuples: the driver writes them as lists).
+    """
+    acked = (
+        f"DELETE FROM {d.name} WHERE id IN %(ids)s AND (id, lease_token) IN %(pairs)s "
+        "RETURNING id, lease_token; "
+        if ack
+        else ""
+    )
+    due = str(_claim_ids.compile(dialect=mysql_dialect.dialect(paramstyle="pyformat")))
+    return (
+        "BEGIN NOT ATOMIC DECLARE lease_until BIGINT; DECLARE channel_lease BIGINT; "
+        "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
+        f"{acked}"
+        f"SET channel_lease = (SELECT lease FROM {channels.name} WHERE id = %(p_channel)s); "
+        "SET lease_until = coalesce(CASE WHEN %(p_channel_lease)s = 1 "
+        "THEN %(p_now)s + channel_lease END, %(p_until)s); "
+        f"UPDATE {d.name} AS leased JOIN ({due}) AS picked ON leased.id = picked.id "
+        f"SET leased.state = {STATE_LEASED}, leased.visible_at = lease_until, "
+        "leased.lease_token = %(p_token)s, leased.attempts = leased.attempts + 1, "
+        "leased.attempt_id = NULL; "
+        "SELECT d.id, d.message_id, d.attempts, d.max_attempts, m.body, m.headers, "
+        "m.published_at, lease_until, channel_lease, m.group_key, d.group_key "
+        f"FROM {d.name} AS d JOIN {m.name} AS m ON m.id = d.message_id "
+        f"WHERE d.channel_id = %(p_channel)s AND d.state = {STATE_LEASED} "
+        "AND d.visible_at = lease_until AND d.lease_token = %(p_token)s ORDER BY d.id; "
+        "COMMIT; END"
+    )
+
+
+def _lease_params(
+    channel_id: int, limit: int, now: int, until: int, token: str, channel_lease: bool
+) -> dict[str, Any]:
+    """The parameters of a :func:`_lease_block`."""
+    return {
+        "p_channel": channel_id,
+        "p_now": now,
+        "p_until": until,
+        "p_limit": limit,
+        "p_token": token,
+        "p_channel_lease": 1 if channel_lease else 0,
+    }
+
+
+def _leased_rows(cursor: Any) -> list[ClaimedRow]:
+    """The rows a :func:`_lease_block` leased (its current result); its
+    remaining results are read here or by the cursor's close, which raise an
+    error of its COMMIT."""
+    found = cursor.fetchall()
+    while cursor.nextset():
+        pass
+    return [
+        ClaimedRow(
+            int(r[0]),
+            int(r[1]),
+            int(r[2]),
+            int(r[3]),
+            bytes(r[4]),
+            r[5],
+            int(r[6]),
+            int(r[7]),
+            None if r[8] is None else int(r[8]),
+            _text(r[9]),
+            _text(r[10]),
+        )
+        for r in found
+    ]
+
+
+def _text(value: str | bytes | None) -> str | None:
+    """A key column as text: the driver hands binary-collated ones (the group
+    keys) over as bytes, where SQLAlchemy's type would have decoded them."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 class MySQLDialect(Dialect):
     name = "MySQL"
     floor = (8, 0, 1)
@@ -321,35 +408,10 @@ class MySQLDialect(Dialect):
     )
 
     #: MariaDB's ack of a batch with the claim of the next, in one round trip
-    #: instead of four (DELETE, locking read, UPDATE, COMMIT): a compound
-    #: statement in READ COMMITTED (as :meth:`begin_transaction` sets it; no
-    #: gap locks, so claims never deadlock with publishes) that deletes the
-    #: acked deliveries still leased with their token (returned), leases the
-    #: claim's rows (the locking read skipping others' locks, joined by the
-    #: UPDATE, which then reaches each by its key: MariaDB's UPDATE has
-    #: neither RETURNING nor SKIP LOCKED of its own), returns them with their messages, found by the claim's token at
-    #: the lease's expiry (an index range of the channel's leased rows), and
-    #: commits. Nothing is claimed from a paused channel.
-    _ack_and_claim_block = (
-        "BEGIN NOT ATOMIC DECLARE lease_until BIGINT; DECLARE channel_lease BIGINT; "
-        "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
-        f"DELETE FROM {d.name} WHERE id IN %(ids)s AND (id, lease_token) IN %(pairs)s "
-        "RETURNING id, lease_token; "
-        f"SET channel_lease = (SELECT lease FROM {channels.name} WHERE id = %(p_channel)s); "
-        "SET lease_until = coalesce(CASE WHEN %(p_channel_lease)s = 1 "
-        "THEN %(p_now)s + channel_lease END, %(p_until)s); "
-        f"UPDATE {d.name} AS leased JOIN ("
-        + str(_claim_ids.compile(dialect=mysql_dialect.dialect(paramstyle="pyformat")))
-        + f") AS picked ON leased.id = picked.id SET leased.state = {STATE_LEASED}, "
-        "leased.visible_at = lease_until, leased.lease_token = %(p_token)s, "
-        "leased.attempts = leased.attempts + 1, leased.attempt_id = NULL; "
-        "SELECT d.id, d.message_id, d.attempts, d.max_attempts, m.body, m.headers, "
-        "m.published_at, lease_until, channel_lease, m.group_key, d.group_key "
-        f"FROM {d.name} AS d JOIN {m.name} AS m ON m.id = d.message_id "
-        f"WHERE d.channel_id = %(p_channel)s AND d.state = {STATE_LEASED} "
-        "AND d.visible_at = lease_until AND d.lease_token = %(p_token)s ORDER BY d.id; "
-        "COMMIT; END"
-    )
+    #: instead of four (DELETE, locking read, UPDATE, COMMIT), and the claim
+    #: alone in one instead of three (see :func:`_lease_block`).
+    _ack_and_claim_block = _lease_block(ack=True)
+    _claim_block = _lease_block(ack=False)
 
     def driver_ops(self, sql_dialect: sa.Dialect) -> frozenset[str]:
         # MariaDB: INSERT ... SELECT ... RETURNING writes and counts the
@@ -357,7 +419,7 @@ class MySQLDialect(Dialect):
         # transaction (MySQL proper keeps SQLAlchemy's path).
         if not sql_dialect.insert_returning:
             return frozenset()
-        return frozenset({"publish", "ack_claim"})
+        return frozenset({"publish", "ack_claim", "claim"})
 
     def ack_and_claim_driver(
         self,
@@ -371,43 +433,34 @@ class MySQLDialect(Dialect):
         channel_lease: bool = False,
     ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
         ordered = sorted(pairs)
-        params = {
-            "ids": tuple(p[0] for p in ordered),
-            "pairs": tuple(ordered),
-            "p_channel": channel_id,
-            "p_now": now,
-            "p_until": until,
-            "p_limit": limit,
-            "p_token": token,
-            "p_channel_lease": 1 if channel_lease else 0,
-        }
+        params = _lease_params(channel_id, limit, now, until, token, channel_lease)
+        params.update(ids=tuple(p[0] for p in ordered), pairs=tuple(ordered))
         cursor = dbapi.cursor()
         try:
             cursor.execute(self._ack_and_claim_block, params)
             done = {(int(i), str(t)) for i, t in cursor.fetchall()}
             cursor.nextset()
-            found = cursor.fetchall()
-            while cursor.nextset():  # the COMMIT's and the block's closing OKs
-                pass
+            return done, _leased_rows(cursor)
         finally:
             cursor.close()
-        rows = [
-            ClaimedRow(
-                int(r[0]),
-                int(r[1]),
-                int(r[2]),
-                int(r[3]),
-                bytes(r[4]),
-                r[5],
-                int(r[6]),
-                int(r[7]),
-                None if r[8] is None else int(r[8]),
-                r[9],
-                r[10],
-            )
-            for r in found
-        ]
-        return done, rows
+
+    def claim_driver(
+        self,
+        dbapi: Any,
+        channel_id: int,
+        limit: int,
+        now: int,
+        until: int,
+        token: str,
+        channel_lease: bool = False,
+    ) -> list[ClaimedRow]:
+        cursor = dbapi.cursor()
+        try:
+            params = _lease_params(channel_id, limit, now, until, token, channel_lease)
+            cursor.execute(self._claim_block, params)
+            return _leased_rows(cursor)
+        finally:
+            cursor.close()
 
     def publish_one_driver(
         self, dbapi: Any, topic: str, fields: dict[str, Any], body: bytes, visible: int

@@ -134,6 +134,24 @@ def claim(
     return rows, now, _counted("claimed", now, {channel_id: len(rows)} if rows else {})
 
 
+def claim_driver(
+    dialect: dialects.Dialect,
+    clock: Callable[[], int],
+    channel_id: int,
+    limit: int,
+    lease_us: int,
+    token: str,
+    channel_lease: bool,
+    dbapi: Any,
+) -> tuple[list[dialects.ClaimedRow], int, Effects]:
+    """:func:`claim` without an attempt id, in novaque's own transaction on the
+    DBAPI connection ``dbapi`` (the driver path, see
+    :meth:`novaque._executor.SyncExecutor.run_driver`)."""
+    now = clock()
+    rows = dialect.claim_driver(dbapi, channel_id, limit, now, now + lease_us, token, channel_lease)
+    return rows, now, _counted("claimed", now, {channel_id: len(rows)} if rows else {})
+
+
 #: The channel's row, locked by a claim with an attempt id: two claims
 #: repeating one id take turns, so they never both claim afresh. FOR NO KEY
 #: UPDATE on PostgreSQL: publishes, which only check the row's key, go on; on
