@@ -425,6 +425,24 @@ class Dialect:
         result = conn.execute(sa.insert(m).returning(m.c.id, sort_by_parameter_order=True), rows)
         return [int(row[0]) for row in result]
 
+    def insert_plain_messages(
+        self,
+        conn: sa.Connection,
+        fields: dict[str, Any],
+        bodies: Sequence[bytes],
+        groups: Sequence[str | None],
+    ) -> list[int]:
+        """Insert messages without dedup keys that share ``fields`` (as
+        :meth:`publish_plain` takes them), one per body with its group, in one
+        round trip: their ids, in order."""
+        return self.insert_messages(
+            conn,
+            [
+                {**fields, "body": b, "dedup_key": None, "group_key": g}
+                for b, g in zip(bodies, groups, strict=True)
+            ],
+        )
+
     def publish_plain(
         self,
         conn: sa.Connection,
@@ -451,13 +469,7 @@ class Dialect:
         then writes nothing when the topic has some (returning no ids).
         """
         keys = groups if groups is not None else [None] * len(bodies)
-        ids = self.insert_messages(
-            conn,
-            [
-                {**fields, "body": b, "dedup_key": None, "group_key": g}
-                for b, g in zip(bodies, keys, strict=True)
-            ],
-        )
+        ids = self.insert_plain_messages(conn, fields, bodies, keys)
         counts, special = self.fan_out(
             conn, topic, fields["topic_id"], ids, visible, fields["max_attempts"]
         )

@@ -48,6 +48,19 @@ def _mysql_code(exc: DBAPIError) -> object:
     return args[0] if args else None
 
 
+#: MariaDB's multi-row message insert (see MySQLDialect.insert_plain_messages):
+#: the fields every row shares, then each row's body and group by index.
+_SHARED_FIELDS = ("topic_id", "headers", "published_at", "expires_at", "max_attempts")
+_INSERT_PLAIN = (
+    f"INSERT INTO {m.name} (topic_id, body, headers, published_at, expires_at, "
+    "max_attempts, dedup_key, group_key) VALUES"
+)
+_SHARED_ROW = (
+    "(%(s_topic_id)s, %(b{i})s, %(s_headers)s, %(s_published_at)s, %(s_expires_at)s, "
+    "%(s_max_attempts)s, NULL, %(g{i})s)"
+)
+
+
 def _lease_block(*, ack: bool) -> str:
     """MariaDB's claim (``ack``: after the ack of a batch) as one compound
     statement (``BEGIN NOT ATOMIC``), a whole transaction in one round trip,
@@ -265,6 +278,30 @@ class MySQLDialect(Dialect):
         # made by novaque.connect() run every connection in READ COMMITTED
         # already, which saves this round trip.
         conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+
+    def insert_plain_messages(
+        self,
+        conn: sa.Connection,
+        fields: dict[str, Any],
+        bodies: Sequence[bytes],
+        groups: Sequence[str | None],
+    ) -> list[int]:
+        if len(bodies) == 1 or not conn.dialect.insert_returning:
+            return super().insert_plain_messages(conn, fields, bodies, groups)
+        # MariaDB: one multi-row INSERT whose shared fields are parameters of
+        # their own, each escaped once: PyMySQL escapes every parameter in
+        # Python, and SQLAlchemy's executemany form would pass it all seven
+        # columns of every row (a quarter of a 500-message publish).
+        params: dict[str, Any] = {f"s_{name}": fields[name] for name in _SHARED_FIELDS}
+        rows = []
+        for i, (body, group) in enumerate(zip(bodies, groups, strict=True)):
+            params[f"b{i}"] = body
+            params[f"g{i}"] = None if group is None else group.encode("utf-8")  # VARBINARY
+            rows.append(_SHARED_ROW.format(i=i))
+        sql = f"{_INSERT_PLAIN} {', '.join(rows)} RETURNING id"
+        # Each row's id is taken as it is inserted, rows in order: ascending
+        # ids are the rows' order, however the server returns them.
+        return sorted(int(row[0]) for row in conn.exec_driver_sql(sql, params))
 
     def insert_messages(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> list[int]:
         if len(rows) == 1 or conn.dialect.insert_executemany_returning_sort_by_parameter_order:
