@@ -545,6 +545,8 @@ class MySQLDialect(Dialect):
     ) -> tuple[dict[int, int], bool]:
         if not conn.dialect.insert_returning:  # MySQL proper: no INSERT ... RETURNING
             return super().fan_out(conn, topic, topic_id, message_ids, visible, max_attempts)
+        if len(message_ids) > 1:
+            return self._fan_out_counted(conn, topic_id, message_ids, visible, max_attempts)
         counts: dict[int, int] = {}
         special = None
         for channel_id, routed in conn.execute(
@@ -560,6 +562,52 @@ class MySQLDialect(Dialect):
             special = bool(routed)
         if special is None:  # no plain channel said: ask
             special = bool(conn.execute(self._has_routed, {"p_topic_id": topic_id}).scalar())
+        return counts, special
+
+    #: MariaDB's fan-out of a batch (see :meth:`_fan_out_counted`): the
+    #: deliveries written, then counted per channel by the server, and
+    #: whether the topic has routed channels, in one round trip.
+    _fan_out_block = (
+        "BEGIN NOT ATOMIC "
+        f"INSERT INTO {d.name} (message_id, channel_id, state, visible_at, attempts, "
+        f"max_attempts) SELECT msg.id, ch.id, {STATE_READY}, %(visible)s, 0, "
+        "coalesce(ch.max_attempts, %(max_attempts)s) "
+        f"FROM {m.name} AS msg JOIN {channels.name} AS ch ON ch.topic_id = msg.topic_id "
+        f"WHERE ch.topic_id = %(topic_id)s AND msg.id IN %(ids)s AND "
+        f"{PLAIN_CHANNEL_SQL.format(c='ch.')} ORDER BY msg.id, ch.id; "
+        f"SELECT channel_id, count(*) FROM {d.name} WHERE message_id IN %(ids)s "
+        "GROUP BY channel_id "
+        f"UNION ALL SELECT NULL, EXISTS (SELECT 1 FROM {channels.name} "
+        f"WHERE topic_id = %(topic_id)s AND NOT ({PLAIN_CHANNEL_SQL.format(c='')})); END"
+    )
+
+    def _fan_out_counted(
+        self,
+        conn: sa.Connection,
+        topic_id: int,
+        message_ids: list[int],
+        visible: int,
+        max_attempts: int,
+    ) -> tuple[dict[int, int], bool]:
+        """:meth:`fan_out` of fresh messages (no deliveries yet) on MariaDB, the
+        counts from the server instead of one returned row per delivery
+        (2,500 rows for 500 messages to 5 channels, each parsed by PyMySQL in
+        Python). The routed check reads the channels after the INSERT: the
+        channels that took deliveries are held by their foreign key's shared
+        locks until the commit, so none of them turns routed meanwhile."""
+        counts: dict[int, int] = {}
+        special = False
+        params = {
+            "topic_id": topic_id,
+            "ids": tuple(message_ids),
+            "visible": visible,
+            "max_attempts": max_attempts,
+        }
+        for channel_id, n in conn.exec_driver_sql(self._fan_out_block, params):
+            if channel_id is None:
+                special = bool(n)
+            else:
+                counts[int(channel_id)] = int(n)
         return counts, special
 
     _group_head = (
