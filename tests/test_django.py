@@ -24,8 +24,9 @@ pytest.importorskip("django")
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Statements novaque may send on Django's connection: no BEGIN, COMMIT,
-#: ROLLBACK, SAVEPOINT or SET (Django alone runs its transaction).
-DATA_STATEMENTS = {"SELECT", "INSERT", "UPDATE", "WITH"}
+#: ROLLBACK, SAVEPOINT or SET (Django alone runs its transaction); a MariaDB
+#: compound statement (BLOCK) only without any of them inside.
+DATA_STATEMENTS = {"SELECT", "INSERT", "UPDATE", "WITH", "BLOCK"}
 
 
 class Project:

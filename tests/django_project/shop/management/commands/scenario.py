@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 import sqlalchemy as sa
@@ -63,6 +64,21 @@ def peek(url: str) -> int:
         engine.dispose()
 
 
+#: Words of transaction control, inside a compound statement too.
+_CONTROL = re.compile(
+    r"\b(COMMIT|ROLLBACK|SAVEPOINT|START\s+TRANSACTION|SET\s+TRANSACTION)\b", re.I
+)
+
+
+def statement_kind(statement: str) -> str:
+    """A statement's first word; ``BLOCK`` for a MariaDB compound statement
+    (``BEGIN NOT ATOMIC``: one statement, no transaction of its own) unless
+    it controls the transaction inside (then ``BLOCK+CONTROL``)."""
+    if re.match(r"\s*BEGIN\s+NOT\s+ATOMIC\b", statement, re.I):
+        return "BLOCK+CONTROL" if _CONTROL.search(statement) else "BLOCK"
+    return statement.split(None, 1)[0].upper()
+
+
 def commit() -> dict[str, Any]:
     """Publishing in a block that commits; the publish is the process's first
     call of novaque, after a write of Django's (SQLite: Django holds the write lock)."""
@@ -71,7 +87,7 @@ def commit() -> dict[str, Any]:
 
     @sa.event.listens_for(lending, "before_cursor_execute")
     def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        sent.append(statement.split(None, 1)[0].upper())
+        sent.append(statement_kind(statement))
 
     with transaction.atomic():
         Order.objects.create(number=1)
