@@ -103,9 +103,15 @@ class ExactKey(sa.types.TypeDecorator[str]):
         return value
 
     def process_result_value(self, value: Any, dialect: sa.Dialect) -> str | None:
-        if isinstance(value, (bytes, bytearray, memoryview)):
-            return bytes(value).decode("utf-8")
-        return value  # type: ignore[no-any-return]
+        return exact_key_text(value)
+
+
+def exact_key_text(value: Any) -> str | None:
+    """An :class:`ExactKey` as read, as text: MySQL/MariaDB hand it over as
+    bytes (also to novaque's driver path, which has no SQLAlchemy type)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8")
+    return value  # type: ignore[no-any-return]
 
 
 # Bodies up to Options.max_body_bytes (1 MiB by default): BLOB is 64 KiB on MySQL.

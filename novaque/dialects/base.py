@@ -217,10 +217,25 @@ def driver_statement(stmt: sa.ClauseElement, sql_dialect: sa.Dialect) -> DriverS
 
 def insert_message_sql(mark: str) -> str:
     """A message insert in the driver's SQL (``mark``: its parameter marker):
-    topic id, body, headers, published_at, expires_at, max_attempts, group."""
+    topic id, body, headers, published_at, expires_at, max_attempts, group
+    (:func:`message_values`)."""
     return (
         f"INSERT INTO {m.name} (topic_id, body, headers, published_at, expires_at, max_attempts, "
         f"group_key) VALUES ({', '.join([mark] * 7)})"
+    )
+
+
+def message_values(fields: dict[str, Any], body: bytes) -> tuple[Any, ...]:
+    """The parameters of :func:`insert_message_sql` for one message without a
+    group (``fields``: as :meth:`Dialect.publish_one_driver` takes them)."""
+    return (
+        fields["topic_id"],
+        body,
+        fields["headers"],
+        fields["published_at"],
+        fields["expires_at"],
+        fields["max_attempts"],
+        None,
     )
 
 
@@ -281,18 +296,7 @@ def _publish_one_on(
     """:func:`publish_one_committed`'s statements, on ``cursor``."""
     insert, fan_out, has_routed = sql
     topic_id = fields["topic_id"]
-    cursor.execute(
-        insert,
-        (
-            topic_id,
-            body,
-            fields["headers"],
-            fields["published_at"],
-            fields["expires_at"],
-            fields["max_attempts"],
-            None,
-        ),
-    )
+    cursor.execute(insert, message_values(fields, body))
     message_id = int(cursor.lastrowid)
     cursor.execute(fan_out, (message_id, visible, fields["max_attempts"], topic_id, topic_id))
     found = cursor.fetchall()

@@ -27,11 +27,20 @@ from novaque.dialects.base import (
     d,
     insert_message_sql,
     m,
+    message_values,
     plain_channel,
 )
 from novaque.dialects.watch import MySQLWatcher
 from novaque.errors import UnsupportedDatabase
-from novaque.schema import COUNTER_COLUMNS, STATE_LEASED, STATE_READY, channels, groups, stats
+from novaque.schema import (
+    COUNTER_COLUMNS,
+    STATE_LEASED,
+    STATE_READY,
+    channels,
+    exact_key_text,
+    groups,
+    stats,
+)
 
 MIGRATION_LOCK_NAME = "novaque_migrate"
 
@@ -135,17 +144,11 @@ def _leased_rows(cursor: Any) -> list[ClaimedRow]:
             int(r[6]),
             int(r[7]),
             None if r[8] is None else int(r[8]),
-            _text(r[9]),
-            _text(r[10]),
+            exact_key_text(r[9]),
+            exact_key_text(r[10]),
         )
         for r in found
     ]
-
-
-def _text(value: str | bytes | None) -> str | None:
-    """A key column as text: the driver hands binary-collated ones (the group
-    keys) over as bytes, where SQLAlchemy's type would have decoded them."""
-    return value.decode() if isinstance(value, bytes) else value
 
 
 class MySQLDialect(Dialect):
@@ -512,13 +515,7 @@ class MySQLDialect(Dialect):
             cursor.execute(
                 self._publish_one_block,
                 (
-                    topic_id,
-                    body,
-                    fields["headers"],
-                    fields["published_at"],
-                    fields["expires_at"],
-                    fields["max_attempts"],
-                    None,
+                    *message_values(fields, body),
                     visible,
                     fields["max_attempts"],
                     topic_id,

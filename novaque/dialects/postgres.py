@@ -36,6 +36,19 @@ def _driver_text(stmt: sa.TextClause) -> str:
     return str(stmt.compile(dialect=pg_psycopg.dialect()))  # type: ignore[no-untyped-call]
 
 
+#: The head of both publish statements (:attr:`PostgresDialect._publish_sql`,
+#: ``_publish_one_driver``): whether the topic has routed channels, and its
+#: row held FOR KEY SHARE (no foreign key holds it: migration 0006).
+_PUBLISH_HEAD = f"""WITH routed AS (
+            SELECT EXISTS (
+                SELECT 1 FROM {channels.name}
+                WHERE topic_id = :topic_id AND NOT ({PLAIN_CHANNEL_SQL.format(c="")})
+            ) AS yes
+        ), tp AS (
+            SELECT id FROM {topics.name} WHERE id = :topic_id FOR KEY SHARE
+        )"""
+
+
 def _autocommit_rows(dbapi: Any, sql: str, params: dict[str, Any]) -> list[Any]:
     """The rows of one statement run on psycopg's connection ``dbapi`` in
     autocommit: a transaction by itself, one round trip (as on SQLAlchemy's
@@ -342,14 +355,7 @@ class PostgresDialect(Dialect):
     # writes nothing for one deleted meanwhile (the last column: whether
     # the topic still exists).
     _publish_sql = f"""
-        WITH routed AS (
-            SELECT EXISTS (
-                SELECT 1 FROM {channels.name}
-                WHERE topic_id = :topic_id AND NOT ({PLAIN_CHANNEL_SQL.format(c="")})
-            ) AS yes
-        ), tp AS (
-            SELECT id FROM {topics.name} WHERE id = :topic_id FOR KEY SHARE
-        ), msg AS (
+        {_PUBLISH_HEAD}, msg AS (
             INSERT INTO {m.name} (topic_id, body, headers, published_at, expires_at, max_attempts,
                                   group_key)
             SELECT tp.id, u.body, CAST(:headers AS TEXT), :published_at, :expires_at,
@@ -437,14 +443,7 @@ class PostgresDialect(Dialect):
     _publish_one_driver = _driver_text(
         sa.text(
             f"""
-        WITH routed AS (
-            SELECT EXISTS (
-                SELECT 1 FROM {channels.name}
-                WHERE topic_id = :topic_id AND NOT ({PLAIN_CHANNEL_SQL.format(c="")})
-            ) AS yes
-        ), tp AS (
-            SELECT id FROM {topics.name} WHERE id = :topic_id FOR KEY SHARE
-        ), msg AS (
+        {_PUBLISH_HEAD}, msg AS (
             INSERT INTO {m.name} (topic_id, body, headers, published_at, expires_at, max_attempts)
             SELECT tp.id, CAST(:body AS BYTEA), CAST(:headers AS TEXT), :published_at,
                    :expires_at, :max_attempts
