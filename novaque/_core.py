@@ -126,7 +126,7 @@ class CoreClient:
         self.engine = engine
         self.log = self.options.logger
         self._dialect = dialects.for_engine(engine)
-        self._executor = self._executor_type(dialects.own_engine(engine), self._dialect)
+        self._executor = self._new_executor(dialects.own_engine(engine))
         self._clock = Clock(self.options.clock)
         self._stats = StatsBuffer(on_first=self._counters_added)
         self._schema_lock = self._executor.mutex()
@@ -192,6 +192,10 @@ class CoreClient:
 
     def _now(self) -> int:
         return self._clock.now_us()
+
+    def _new_executor(self, engine: sa.Engine) -> SyncExecutor:
+        """The executor of novaque's own transactions on ``engine``."""
+        return self._executor_type(engine, self._dialect)
 
     def _counters_added(self) -> None:
         """Counters arrived in the empty buffer: they are flushed at exit at the latest."""

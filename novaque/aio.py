@@ -79,6 +79,9 @@ class _Core(Client):
     _executor_type = AsyncExecutor
     _waits = TASKS
 
+    def _new_executor(self, engine: sa.Engine) -> AsyncExecutor:
+        return AsyncExecutor(engine, self._dialect, sqlite_on_loop=self.options.sqlite_on_loop)
+
 
 def _bridged(
     method: Callable[Concatenate[Client, P], T],

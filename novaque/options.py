@@ -98,6 +98,13 @@ class Options:
     MySQL/MariaDB looks for new deliveries of other processes while consumers
     or long polls wait (``None``: no watcher, they poll every
     ``poll_interval``); PostgreSQL is woken by ``NOTIFY`` instead.
+    ``sqlite_on_loop`` concerns the asyncio twin on SQLite only: True runs
+    each of novaque's transactions on the event loop's thread while no other
+    connection holds the file's write lock (a sync call of a few hundred
+    microseconds, the commit's disk sync included; a lock held elsewhere sends
+    the transaction to a thread of the client's to wait there); False sends
+    every transaction to that thread, so the loop never waits for the disk,
+    at the cost of a thread hand-over each.
     """
 
     default_ttl: Duration = timedelta(days=7)
@@ -121,6 +128,7 @@ class Options:
     dead_letter_expired: bool = False
     consumer_heartbeat: Duration = 10.0
     watch_interval: Duration | None = 0.002
+    sqlite_on_loop: bool = True
 
     def __post_init__(self) -> None:
         for name in (
@@ -150,11 +158,12 @@ class Options:
             check_int(self.dead_max_count, "Options.dead_max_count", 0, MAX_INT32)
         if self.dead_max_bytes is not None:
             check_int(self.dead_max_bytes, "Options.dead_max_bytes", 0, MAX_BIGINT)
-        if not isinstance(self.dead_letter_expired, bool):
-            raise InvalidOption(
-                "Options.dead_letter_expired must be True or False, got "
-                f"{type(self.dead_letter_expired).__name__}"
-            )
+        for name in ("dead_letter_expired", "sqlite_on_loop"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidOption(
+                    f"Options.{name} must be True or False, got "
+                    f"{type(getattr(self, name)).__name__}"
+                )
         if not isinstance(self.backoff, Backoff):
             raise InvalidOption(
                 f"Options.backoff must be a novaque.Backoff, got {type(self.backoff).__name__}"

@@ -23,7 +23,9 @@ _READ_COMMITTED: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
 _AUTOCOMMIT: weakref.WeakKeyDictionary[sa.Engine, sa.Engine] = weakref.WeakKeyDictionary()
 
 
-def sqlite_own_engine(engine: sa.Engine) -> sa.Engine:
+def sqlite_own_engine(
+    engine: sa.Engine, *, pool_size: int = 8, busy_timeout_ms: int | None = None
+) -> sa.Engine:
     """An engine on the same file, set up for novaque's transactions.
 
     novaque's writes must take SQLite's write lock up front (``BEGIN
@@ -32,6 +34,10 @@ def sqlite_own_engine(engine: sa.Engine) -> sa.Engine:
     contention. Changing how transactions begin on the application's
     engine would change the application's own transactions, so novaque
     opens its own engine on the same file instead.
+
+    ``busy_timeout_ms`` replaces SQLite's wait for another connection's lock
+    (the dialect's ``busy_timeout_ms``); 0: report ``database is locked`` at
+    once.
     """
     url = engine.url
     database = url.database or ""
@@ -48,22 +54,23 @@ def sqlite_own_engine(engine: sa.Engine) -> sa.Engine:
     own = _new_engine(
         url,
         asynchronous=engine.dialect.is_async,
-        pool_size=8,
-        max_overflow=16,
+        pool_size=pool_size,
+        max_overflow=2 * pool_size,
         pool_timeout=60,
         pool_reset_on_return=None,  # replaced by _rollback_if_open
     )
-    configure_sqlite(own)
+    configure_sqlite(own, busy_timeout_ms)
     event.listen(own, "reset", _rollback_if_open)
     return own
 
 
-def sync_sqlite_engine(engine: sa.Engine) -> sa.Engine:
+def sync_sqlite_engine(engine: sa.Engine, **setup: Any) -> sa.Engine:
     """A sync engine for the SQLite file of ``engine`` (one of an asyncio driver),
-    set up as :func:`sqlite_own_engine` sets up novaque's own."""
+    set up as :func:`sqlite_own_engine` sets up novaque's own (``setup``: its
+    keywords)."""
     probe = sa.create_engine(engine.url.set(drivername="sqlite"))
     try:
-        return sqlite_own_engine(probe)
+        return sqlite_own_engine(probe, **setup)
     finally:
         probe.dispose()
 
@@ -78,15 +85,17 @@ def _new_engine(url: sa.URL, *, asynchronous: bool, **kwargs: Any) -> sa.Engine:
     return sa.create_engine(url, **kwargs)
 
 
-def configure_sqlite(engine: sa.Engine) -> None:
-    """Pragmas on every connection, and BEGIN IMMEDIATE for every transaction."""
+def configure_sqlite(engine: sa.Engine, busy_timeout_ms: int | None = None) -> None:
+    """Pragmas on every connection, and BEGIN IMMEDIATE for every transaction
+    (``busy_timeout_ms``: see :func:`sqlite_own_engine`)."""
+    busy = SQLiteDialect.busy_timeout_ms if busy_timeout_ms is None else busy_timeout_ms
 
     @event.listens_for(engine, "connect")
     def _connect(dbapi_conn: Any, record: Any) -> None:
         # Let novaque, not the sqlite3 module, decide when transactions begin.
         dbapi_conn.isolation_level = None
         cursor = dbapi_conn.cursor()
-        cursor.execute(f"PRAGMA busy_timeout = {SQLiteDialect.busy_timeout_ms}")
+        cursor.execute(f"PRAGMA busy_timeout = {int(busy)}")
         cursor.execute("PRAGMA journal_mode = WAL")
         cursor.execute("PRAGMA synchronous = FULL")
         cursor.execute("PRAGMA foreign_keys = ON")
@@ -96,7 +105,15 @@ def configure_sqlite(engine: sa.Engine) -> None:
     def _begin(conn: sa.Connection) -> None:
         # Straight to the driver: this runs before every transaction, and
         # SQLAlchemy's statement machinery would cost more than SQLite does.
-        conn.connection.dbapi_connection.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
+        # SQLAlchemy does not wrap what a "begin" event raises: the lock's
+        # error is wrapped here, so that it is retried like any other.
+        dbapi = conn.dialect.loaded_dbapi
+        try:
+            conn.connection.dbapi_connection.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
+        except dbapi.Error as exc:
+            raise sa.exc.DBAPIError.instance(
+                "BEGIN IMMEDIATE", None, exc, dbapi.Error, dialect=conn.dialect
+            ) from exc
 
     BEGINS_IMMEDIATE.add(engine)
 
