@@ -212,6 +212,33 @@ def test_the_driver_path_gives_its_connection_back_without_another_rollback(
     client.shutdown()
 
 
+@pytest.mark.sync_only
+def test_a_publish_counts_every_channel_whatever_the_session_cuts_group_concat_at(
+    backend: Backend,
+) -> None:
+    # MariaDB's one-message publish returns the channels it went to joined in
+    # one string: an application's short group_concat_max_len must not cut it
+    # (each channel's published counter and wake-up depend on it). Elsewhere
+    # the same publish, with its own SQL.
+    engine = backend.engine()
+    if backend.name == "mysql":
+        sa.event.listen(
+            engine,
+            "connect",
+            lambda dbapi, record: dbapi.cursor().execute("SET SESSION group_concat_max_len = 4"),
+        )
+    client = novaque.Client(engine, novaque.Options(stats_flush_interval=3600))
+    names = [f"channel-{i}" for i in range(12)]
+    for name in names:
+        client.ensure_channel("joined", name)
+    client.publish("joined", b"first")  # the topic id is cached: the driver path next
+    client.publish("joined", b"second")
+    client.flush_stats()
+    counters = {name: client.channel_counters("joined", name).published for name in names}
+    assert counters == dict.fromkeys(names, 2)
+    client.shutdown()
+
+
 def test_a_topic_that_gains_a_filtered_channel_after_its_id_was_cached(
     backend: Backend, client: novaque.Client
 ) -> None:
