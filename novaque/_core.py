@@ -140,6 +140,9 @@ class CoreClient:
         #: Topics last seen with routed channels: published in a transaction
         #: (a hint only: each publish learns the truth in its own statements).
         self._routed_topics: set[str] = set()
+        #: The driver path's plan of each topic, from its last publish there
+        #: (checked by the database, so a stale one costs time, not deliveries).
+        self._plans: dict[str, str] = {}
         #: The operations with a driver path on this engine (set at first use).
         self._driver_ops: frozenset[str] | None = None
         self._wake_lock = threading.Lock()
@@ -174,6 +177,7 @@ class CoreClient:
             _migrate.downgrade(conn, to)
         self._schema_ok.clear()
         self._topic_ids.clear()
+        self._plans.clear()
         self._channel_cache.clear()
         self.log.info("novaque schema downgraded to %s", to)
 
@@ -500,12 +504,20 @@ class CoreClient:
                 assert topic_id is not None
                 done = self._executor.run_driver(
                     functools.partial(
-                        publish_op.publish_one, self._dialect, self._now, topic, topic_id, params
+                        publish_op.publish_one,
+                        self._dialect,
+                        self._now,
+                        topic,
+                        topic_id,
+                        params,
+                        self._plans.get(topic),
                     )
                 )
                 if done is None:  # routed channels after all: nothing was written
                     self._routed_topics.add(topic)
                     one = False
+                elif done.plan is not None:
+                    self._plans[topic] = done.plan
             if done is None:
                 done = self._run_timed(
                     "publish" if one else "",

@@ -239,6 +239,42 @@ def test_a_publish_counts_every_channel_whatever_the_session_cuts_group_concat_a
     client.shutdown()
 
 
+def test_a_topic_seen_before_follows_its_channels_changed_elsewhere(
+    backend: Backend, client: novaque.Client
+) -> None:
+    # The publisher knows the topic from its earlier publishes (its id, and on
+    # MariaDB the plan its deliveries are written from); another client adds
+    # a channel, changes one's max_attempts, deletes one: each next publish
+    # reaches exactly the channels there are, with their settings.
+    client.ensure_channel("followed", "a")
+    client.publish("followed", b"1")
+    client.publish("followed", b"2")
+    other = backend.client()
+    other.ensure_channel("followed", "b")
+    client.publish("followed", b"3")
+    assert client.channel_backlog("followed", "a").ready == 3
+    assert client.channel_backlog("followed", "b").ready == 1
+    other.ensure_channel("followed", "b", max_attempts=2)
+    client.publish("followed", b"4")
+    client.publish("followed", b"5")
+    got = client.claim("followed", "b", max_messages=10)
+    assert [(m.body, m.max_attempts) for m in got] == [
+        (b"3", client.options.default_max_attempts),
+        (b"4", 2),
+        (b"5", 2),
+    ]
+    other.delete_channel("followed", "a")
+    client.publish("followed", b"6")
+    client.publish("followed", b"7")
+    assert client.list_channels("followed") == ["b"]
+    assert client.channel_backlog("followed", "b").ready == 2
+    other.delete_channel("followed", "b")
+    client.publish("followed", b"8")  # no channel left: kept, delivered to nobody
+    other.ensure_channel("followed", "c")
+    client.publish("followed", b"9")
+    assert [m.body for m in client.claim("followed", "c", max_messages=10)] == [b"9"]
+
+
 def test_a_topic_that_gains_a_filtered_channel_after_its_id_was_cached(
     backend: Backend, client: novaque.Client
 ) -> None:

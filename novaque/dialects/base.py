@@ -262,6 +262,12 @@ def has_routed_sql(mark: str) -> str:
     )
 
 
+#: What a publish on the driver path wrote: the message id, the deliveries per
+#: channel, and the topic's fan-out plan for the next publish (or None; see
+#: :meth:`Dialect.publish_one_driver`).
+DriverPublished = tuple[int, dict[int, int], str | None]
+
+
 def publish_one_committed(
     dbapi: Any,
     sql: tuple[str, str, str],
@@ -269,7 +275,7 @@ def publish_one_committed(
     body: bytes,
     visible: int,
     begin: str | None = None,
-) -> tuple[int, dict[int, int]] | None:
+) -> DriverPublished | None:
     """One message and its deliveries to the plain channels in a transaction of
     its own on the DBAPI connection ``dbapi`` (``begin``: the statement that
     starts it, where the driver begins none itself), with the dialect's
@@ -292,7 +298,7 @@ def publish_one_committed(
 
 def _publish_one_on(
     cursor: Any, sql: tuple[str, str, str], fields: dict[str, Any], body: bytes, visible: int
-) -> tuple[int, dict[int, int]] | None:
+) -> DriverPublished | None:
     """:func:`publish_one_committed`'s statements, on ``cursor``."""
     insert, fan_out, has_routed = sql
     topic_id = fields["topic_id"]
@@ -307,7 +313,7 @@ def _publish_one_on(
         special = bool(cursor.fetchone()[0])
     if special:
         return None
-    return message_id, {int(row[0]): 1 for row in found}
+    return message_id, {int(row[0]): 1 for row in found}, None
 
 
 _channels_of_topic = (
@@ -487,13 +493,24 @@ class Dialect:
         return frozenset()
 
     def publish_one_driver(
-        self, dbapi: Any, topic: str, fields: dict[str, Any], body: bytes, visible: int
-    ) -> tuple[int, dict[int, int]] | None:
+        self,
+        dbapi: Any,
+        topic: str,
+        fields: dict[str, Any],
+        body: bytes,
+        visible: int,
+        plan: str | None = None,
+    ) -> DriverPublished | None:
         """:meth:`publish_plain` of one message without a group, as a whole
         transaction of novaque's own on the DBAPI connection ``dbapi``, in the
         driver's SQL (see :meth:`novaque._executor.SyncExecutor.run_driver`):
-        the message id and the deliveries per channel, or None, having written
-        nothing, when the topic has routed channels."""
+        the message id, the deliveries per channel and a plan, or None, having
+        written nothing, when the topic has routed channels.
+
+        A plan is what the dialect learned of the topic's channels, for the
+        caller to hand back on its next publish to the topic (``plan``), which
+        may then cost less; the database checks it in the same transaction,
+        so a stale one costs time, never a delivery. None: no plan."""
         raise NotImplementedError
 
     def ack_and_claim_driver(

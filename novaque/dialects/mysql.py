@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -14,6 +15,7 @@ from novaque.dialects.base import (
     PLAIN_CHANNEL_SQL,
     ClaimedRow,
     Dialect,
+    DriverPublished,
     NotifyListener,
     T_row,
     _channel_lease,
@@ -126,6 +128,25 @@ def _lease_params(
     }
 
 
+def _one_row(dbapi: Any, block: str, params: Sequence[Any]) -> tuple[Any, ...]:
+    """The one row a compound statement returns (its closing OK read by the
+    cursor's close)."""
+    cursor = dbapi.cursor()
+    try:
+        cursor.execute(block, params)
+        row: tuple[Any, ...] = cursor.fetchone()
+        return row
+    finally:
+        cursor.close()
+
+
+def _text(value: str | bytes | None) -> str:
+    """A text value of a compound statement's result ("" for NULL)."""
+    if isinstance(value, bytes):
+        return value.decode()
+    return value or ""
+
+
 def _leased_rows(cursor: Any) -> list[ClaimedRow]:
     """The rows a :func:`_lease_block` leased (its current result); its
     remaining results are read here or by the cursor's close, which raise an
@@ -149,6 +170,62 @@ def _leased_rows(cursor: Any) -> list[ClaimedRow]:
         )
         for r in found
     ]
+
+
+#: Not cut at the session's group_concat_max_len, whatever the application
+#: set it to (16 MiB: two million channel ids).
+_UNCUT = "SET STATEMENT group_concat_max_len = 16777216 FOR "
+
+#: A topic's plan, read into ``plan`` inside a compound statement: each of its
+#: channels as ``id:max_attempts`` (empty: the message's), ``id:r`` if it is
+#: routed, in id order, joined by commas (NULL: no channel). A publish that
+#: knows it inserts the deliveries itself, from values, then checks it.
+_READ_PLAN = (
+    f"{_UNCUT}SELECT GROUP_CONCAT(CONCAT(id, ':', "
+    f"IF({PLAIN_CHANNEL_SQL.format(c='')}, IFNULL(max_attempts, ''), 'r')) ORDER BY id) "
+    f"INTO plan FROM {channels.name} WHERE topic_id = %s; "
+)
+
+#: A foreign key found no row (MariaDB's ER_NO_REFERENCED_ROW_2).
+_NO_REFERENCED_ROW = 1452
+
+
+@functools.lru_cache(maxsize=64)
+def _planned_publish_block(fan_out: int) -> str:
+    """MariaDB's one-message publish to a topic whose plan is known, with
+    ``fan_out`` plain channels: the deliveries inserted from values (an INSERT
+    ... SELECT of the channels cost about 150 µs more, the routed check 70),
+    then the plan read again and compared, in the same transaction: the
+    message id if it held (committed), else NULL (rolled back, as when a
+    channel named in it was deleted meanwhile: its delivery's foreign key).
+    A channel created or changed later than that read is ordered after this
+    publish, as one committed later than a publish is."""
+    rows = ", ".join([f"(new_id, %s, {STATE_READY}, %s, 0, %s)"] * fan_out)
+    deliveries = (
+        f"INSERT INTO {d.name} (message_id, channel_id, state, visible_at, attempts, "
+        f"max_attempts) VALUES {rows}; "
+        if fan_out
+        else ""
+    )
+    return (
+        "BEGIN NOT ATOMIC DECLARE new_id BIGINT; DECLARE plan LONGTEXT; "
+        f"DECLARE EXIT HANDLER FOR {_NO_REFERENCED_ROW} BEGIN ROLLBACK; SELECT NULL; END; "
+        f"{insert_message_sql('%s')}; SET new_id = LAST_INSERT_ID(); {deliveries}"
+        f"{_READ_PLAN}IF plan <=> %s THEN COMMIT; SELECT new_id; "
+        "ELSE ROLLBACK; SELECT NULL; END IF; END"
+    )
+
+
+def _plan_channels(plan: str) -> list[tuple[int, int | None]] | None:
+    """The plain channels of a plan, with their max_attempts; None if it names
+    a routed one."""
+    found: list[tuple[int, int | None]] = []
+    for entry in plan.split(",") if plan else ():
+        channel_id, _, max_attempts = entry.partition(":")
+        if max_attempts == "r":
+            return None
+        found.append((int(channel_id), int(max_attempts) if max_attempts else None))
+    return found
 
 
 class MySQLDialect(Dialect):
@@ -430,27 +507,27 @@ class MySQLDialect(Dialect):
     #: compound statement (``BEGIN NOT ATOMIC``, MariaDB 10.1+; one statement
     #: to the protocol, so no multi-statement flag) that inserts the message
     #: and its deliveries to the plain channels, then commits and returns the
-    #: message id with the channels it went to (their ids joined by commas,
-    #: read by the message's index before the COMMIT: no one else sees them
-    #: yet), or rolls back when the topic has routed channels and returns
-    #: NULLs. One result set, not one per step: each one more is parsed by
-    #: PyMySQL and awaited twice on the asyncio twin. The routed check reads
-    #: the channels after the fan-out did: a routed channel the fan-out could
-    #: have seen sends the publish down the general path.
+    #: message id, the channels it went to (their ids joined by commas, read
+    #: by the message's index before the COMMIT: no one else sees them yet)
+    #: and the topic's plan (:data:`_READ_PLAN`), or rolls back when the
+    #: topic has routed channels and returns NULLs. One result set, not one
+    #: per step: each one more is parsed by PyMySQL and awaited twice on the
+    #: asyncio twin. The routed check reads the channels after the fan-out
+    #: did: a routed channel the fan-out could have seen sends the publish
+    #: down the general path.
     _publish_one_block = (
         "BEGIN NOT ATOMIC DECLARE new_id BIGINT; DECLARE went_to LONGTEXT; "
+        "DECLARE plan LONGTEXT; "
         f"{insert_message_sql('%s')}; "
         "SET new_id = LAST_INSERT_ID(); "
         f"INSERT INTO {d.name} (message_id, channel_id, state, visible_at, attempts, "
         f"max_attempts) SELECT new_id, id, {STATE_READY}, %s, 0, coalesce(max_attempts, %s) "
         f"FROM {channels.name} WHERE topic_id = %s AND {PLAIN_CHANNEL_SQL.format(c='')}; "
         f"IF EXISTS (SELECT 1 FROM {channels.name} WHERE topic_id = %s "
-        f"AND NOT ({PLAIN_CHANNEL_SQL.format(c='')})) THEN ROLLBACK; SELECT NULL, NULL; "
-        # Not cut at the session's group_concat_max_len, whatever the
-        # application set it to (16 MiB: two million channel ids).
-        "ELSE SET STATEMENT group_concat_max_len = 16777216 FOR "
-        f"SELECT GROUP_CONCAT(channel_id) INTO went_to FROM {d.name} "
-        "WHERE message_id = new_id; COMMIT; SELECT new_id, went_to; END IF; END"
+        f"AND NOT ({PLAIN_CHANNEL_SQL.format(c='')})) THEN ROLLBACK; SELECT NULL, NULL, NULL; "
+        f"ELSE {_UNCUT}SELECT GROUP_CONCAT(channel_id) INTO went_to FROM {d.name} "
+        f"WHERE message_id = new_id; {_READ_PLAN}"
+        "COMMIT; SELECT new_id, went_to, plan; END IF; END"
     )
 
     #: MariaDB's ack of a batch with the claim of the next, in one round trip
@@ -509,34 +586,59 @@ class MySQLDialect(Dialect):
             cursor.close()
 
     def publish_one_driver(
-        self, dbapi: Any, topic: str, fields: dict[str, Any], body: bytes, visible: int
-    ) -> tuple[int, dict[int, int]] | None:
+        self,
+        dbapi: Any,
+        topic: str,
+        fields: dict[str, Any],
+        body: bytes,
+        visible: int,
+        plan: str | None = None,
+    ) -> DriverPublished | None:
         # REPEATABLE READ (the server's default) is fine here: nothing is read
         # but the channels, and a locking read of those takes no lock a claim
         # waits for (claims read the channel row without locking it). This
         # saves SET TRANSACTION's round trip on a plain engine.
+        planned = None if plan is None else _plan_channels(plan)
+        if planned is not None:
+            done = self._publish_planned(dbapi, fields, body, visible, plan or "", planned)
+            if done is not None:
+                return done
         topic_id = fields["topic_id"]
-        cursor = dbapi.cursor()
-        try:
-            cursor.execute(
-                self._publish_one_block,
-                (
-                    *message_values(fields, body),
-                    visible,
-                    fields["max_attempts"],
-                    topic_id,
-                    topic_id,
-                ),
-            )
-            message_id, went_to = cursor.fetchone()
-        finally:
-            cursor.close()  # reads the compound statement's closing OK
+        row = _one_row(
+            dbapi,
+            self._publish_one_block,
+            (*message_values(fields, body), visible, fields["max_attempts"], *[topic_id] * 3),
+        )
+        message_id, went_to, learned = row
         if message_id is None:
             return None
-        if isinstance(went_to, bytes):
-            went_to = went_to.decode()
+        went_to = _text(went_to)
         fanout = {int(channel_id): 1 for channel_id in went_to.split(",")} if went_to else {}
-        return int(message_id), fanout
+        return int(message_id), fanout, _text(learned)
+
+    def _publish_planned(
+        self,
+        dbapi: Any,
+        fields: dict[str, Any],
+        body: bytes,
+        visible: int,
+        plan: str,
+        planned: list[tuple[int, int | None]],
+    ) -> DriverPublished | None:
+        """The publish with the topic's ``plan`` (:func:`_planned_publish_block`),
+        or None when it no longer held (nothing written)."""
+        values: list[Any] = list(message_values(fields, body))
+        for channel_id, max_attempts in planned:
+            values += (
+                channel_id,
+                visible,
+                fields["max_attempts"] if max_attempts is None else max_attempts,
+            )
+        values += (fields["topic_id"], plan or None)
+        (message_id,) = _one_row(dbapi, _planned_publish_block(len(planned)), values)
+        if message_id is None:
+            return None
+        return int(message_id), dict.fromkeys((c for c, _ in planned), 1), plan
 
     def fan_out(
         self,

@@ -16,6 +16,7 @@ from novaque.dialects.base import (
     PLAIN_CHANNEL_SQL,
     ClaimedRow,
     Dialect,
+    DriverPublished,
     NotifyListener,
     T_row,
     _claim_ids,
@@ -475,15 +476,21 @@ class PostgresDialect(Dialect):
         )
 
     def publish_one_driver(
-        self, dbapi: Any, topic: str, fields: dict[str, Any], body: bytes, visible: int
-    ) -> tuple[int, dict[int, int]] | None:
+        self,
+        dbapi: Any,
+        topic: str,
+        fields: dict[str, Any],
+        body: bytes,
+        visible: int,
+        plan: str | None = None,
+    ) -> DriverPublished | None:
         params = {**fields, "body": body, "visible": visible, "topic": topic}
         [row] = _autocommit_rows(dbapi, self._publish_one_driver, params)
         if not row[4]:
             raise TopicGone(topic)
         if row[3]:  # routed channels: the guard wrote nothing
             return None
-        return int(row[0]), {int(c): 1 for c in row[1]}
+        return int(row[0]), {int(c): 1 for c in row[1]}, None
 
     def open_listener(self, engine: sa.Engine, *, awaited: bool = False) -> NotifyListener | None:
         try:

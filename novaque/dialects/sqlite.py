@@ -16,6 +16,7 @@ from novaque.dialects.base import (
     PLAIN_CHANNEL_SQL,
     ClaimedRow,
     Dialect,
+    DriverPublished,
     NotifyListener,
     _channel_lease,
     _claim_ids,
@@ -260,8 +261,14 @@ class SQLiteDialect(Dialect):
         return done, rows
 
     def publish_one_driver(
-        self, dbapi: Any, topic: str, fields: dict[str, Any], body: bytes, visible: int
-    ) -> tuple[int, dict[int, int]] | None:
+        self,
+        dbapi: Any,
+        topic: str,
+        fields: dict[str, Any],
+        body: bytes,
+        visible: int,
+        plan: str | None = None,
+    ) -> DriverPublished | None:
         # novaque's own engine: the sqlite3 module begins no transaction itself.
         return publish_one_committed(
             dbapi, self._publish_one, fields, body, visible, begin="BEGIN IMMEDIATE"

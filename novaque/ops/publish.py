@@ -55,6 +55,9 @@ class Published:
     routed: bool = False
     declined: bool = False
     warnings: tuple[str, ...] = ()
+    #: The driver path's plan of the topic for its next publish (see
+    #: :meth:`novaque.dialects.Dialect.publish_one_driver`), or None.
+    plan: str | None = None
 
     def effects(self, topic: str) -> Effects:
         """After the commit: count the deliveries and wake local consumers, or
@@ -146,12 +149,14 @@ def publish_one(
     topic: str,
     topic_id: int,
     params: dict[str, Any],
+    plan: str | None,
     dbapi: Any,
 ) -> Published | None:
     """:func:`publish` of one message without dedup key or group, in novaque's
     own transaction on the DBAPI connection ``dbapi`` (the driver path, see
     :meth:`novaque._executor.SyncExecutor.run_driver`); None, having written
-    nothing, when the topic has routed channels."""
+    nothing, when the topic has routed channels. ``plan``: the one the last
+    publish to the topic returned (``Published.plan``), if any."""
     now = clock()
     fields = {
         "topic_id": topic_id,
@@ -161,11 +166,11 @@ def publish_one(
         "max_attempts": params["max_attempts"],
     }
     [body] = params["bodies"]
-    done = dialect.publish_one_driver(dbapi, topic, fields, body, now + params["delay_us"])
+    done = dialect.publish_one_driver(dbapi, topic, fields, body, now + params["delay_us"], plan)
     if done is None:
         return None
-    message_id, fanout = done
-    return Published([message_id], Counter(fanout), now, 1, None)
+    message_id, fanout, next_plan = done
+    return Published([message_id], Counter(fanout), now, 1, None, plan=next_plan)
 
 
 _routed_channels = (
