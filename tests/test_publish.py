@@ -54,9 +54,14 @@ def test_bodies_are_byte_exact(client: novaque.Client) -> None:
     limit = client.options.max_body_bytes
     bodies = [b"", os.urandom(1000), bytes(range(256)) * 4, os.urandom(limit), "héllo ✓"]
     ids = [client.publish("bin", body) for body in bodies]
+    # One batch too (MariaDB sends its bodies and group keys as hex literals).
+    groups = ["ünï ✓", None, "a'\\", "b"]
+    ids += client.publish_many("bin", [*bodies[:-2], bodies[-1]], groups=groups)
     got = drain(client, "bin", "c")
     assert [m.id for m in got] == ids
-    assert [m.body for m in got] == [b if isinstance(b, bytes) else b.encode() for b in bodies]
+    exact = [b if isinstance(b, bytes) else b.encode() for b in bodies]
+    assert [m.body for m in got] == [*exact, *exact[:-2], exact[-1]]
+    assert [m.group for m in got[len(bodies) :]] == groups
 
 
 def test_publish_many_returns_ids_in_order_and_fans_out(client: novaque.Client) -> None:
