@@ -17,7 +17,8 @@ name, parameters, defaults, results and errors::
 
 One implementation serves both twins. The asyncio client runs the sync
 client's own code on the ``AsyncEngine``'s ``sync_engine`` inside SQLAlchemy's
-greenlet bridge (``greenlet_spawn``, what ``AsyncConnection.run_sync`` does):
+greenlet bridge (``greenlet_spawn``'s protocol, what ``AsyncConnection.run_sync``
+does, in greenlets kept for the next call: :mod:`novaque._bridge`):
 each statement is awaited on the event loop by the async driver, and every
 wait (SQLite's writer turn, a retry's pause, a consumer idling, a heartbeat's
 tick) is an ``await``, so one event loop serves the application and novaque
@@ -48,9 +49,9 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
-from sqlalchemy.util import greenlet_spawn
 
 from novaque import _validate, dialects
+from novaque._bridge import bridged
 from novaque._executor import AsyncExecutor
 from novaque._signals import Signals
 from novaque._waits import TASKS
@@ -90,7 +91,7 @@ def _bridged(
     result, errors and documentation, run through the greenlet bridge."""
 
     async def twin(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return await greenlet_spawn(functools.partial(method, self._core, *args, **kwargs))
+        return await bridged(functools.partial(method, self._core, *args, **kwargs))
 
     functools.update_wrapper(twin, method)
     twin.__qualname__ = f"AsyncClient.{method.__name__}"
@@ -169,7 +170,7 @@ class AsyncClient:
         rolls back with it.
         """
         conn, sess = _callers(connection, session)
-        return await greenlet_spawn(
+        return await bridged(
             self._core.publish,
             topic,
             body,
@@ -200,7 +201,7 @@ class AsyncClient:
         """Publish many messages in one transaction; return their ids (see
         :meth:`novaque.Client.publish_many`)."""
         conn, sess = _callers(connection, session)
-        return await greenlet_spawn(
+        return await bridged(
             self._core.publish_many,
             topic,
             bodies,
@@ -384,14 +385,14 @@ class AsyncConsumer:
     async def start(self) -> AsyncConsumer:
         """Create the topic and the channel if missing, and start claiming and
         handling messages; returns the consumer (see :meth:`novaque.Consumer.start`)."""
-        await greenlet_spawn(self._client._core._start_consumer, self._consumer)
+        await bridged(self._client._core._start_consumer, self._consumer)
         return self
 
     async def shutdown(self, timeout: float = 10.0) -> None:
         """Stop gracefully within ``timeout`` seconds (see :meth:`novaque.Consumer.shutdown`):
         unstarted deliveries are released at once, running handlers finish,
         pending results are written."""
-        await greenlet_spawn(self._consumer.shutdown, timeout)
+        await bridged(self._consumer.shutdown, timeout)
 
     @property
     def running(self) -> bool:
