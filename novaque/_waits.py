@@ -18,7 +18,7 @@ import functools
 import inspect
 import random
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 __all__ = [
@@ -140,41 +140,78 @@ THREADS: Waits = _Threads()
 # loop's thread; ``set`` (a wake-up) may also come from another thread.
 
 
-def _await(awaitable: Coroutine[Any, Any, Any]) -> Any:
+def _await(awaitable: Awaitable[Any]) -> Any:
     from sqlalchemy.util import await_only
 
     return await_only(awaitable)
 
 
 class _TaskEvent:
-    """``threading.Event``'s methods on an ``asyncio.Event``, waited on through the bridge."""
+    """``threading.Event``'s methods for tasks, waited on through the bridge.
+
+    A wait awaits a future of its own, with a timer for its timeout: one turn
+    of the loop from :meth:`set` to the waiting task (``asyncio.wait_for`` on
+    an ``asyncio.Event`` took three: its task, the event's future, the
+    outer future).
+    """
 
     def __init__(self) -> None:
-        self._event = asyncio.Event()
+        self._flag = False
+        self._waiters: list[asyncio.Future[bool]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def set(self) -> None:
         loop = self._loop
         if loop is None or running_loop() is loop:
-            self._event.set()
+            self._set_here()
         elif not loop.is_closed():
-            loop.call_soon_threadsafe(self._event.set)
+            loop.call_soon_threadsafe(self._set_here)
+
+    def _set_here(self) -> None:
+        self._flag = True
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            _settle(waiter, True)
 
     def clear(self) -> None:
-        self._event.clear()
+        self._flag = False
 
     def is_set(self) -> bool:
-        return self._event.is_set()
+        return self._flag
 
     def wait(self, timeout: float | None = None) -> bool:
-        self._loop = asyncio.get_running_loop()
-        if self._event.is_set():
+        loop = self._loop = asyncio.get_running_loop()
+        if self._flag:
             return True
         if timeout is not None and timeout <= 0:
             return False
-        with contextlib.suppress(asyncio.TimeoutError):
-            _await(asyncio.wait_for(self._event.wait(), timeout))
-        return self._event.is_set()
+        waiter: asyncio.Future[bool] = loop.create_future()
+        self._waiters.append(waiter)
+        try:
+            _await_until(loop, waiter, timeout)
+        finally:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(waiter)
+        return self._flag
+
+
+def _settle(waiter: asyncio.Future[bool], value: bool) -> None:
+    """Wake ``waiter`` with ``value`` (True: woken, False: timed out), once."""
+    if not waiter.done():
+        waiter.set_result(value)
+
+
+def _await_until(
+    loop: asyncio.AbstractEventLoop, waiter: asyncio.Future[bool], timeout: float | None
+) -> bool:
+    """Await ``waiter`` through the bridge for at most ``timeout`` seconds; its
+    result (False when the timeout settled it)."""
+    timer = None if timeout is None else loop.call_later(timeout, _settle, waiter, False)
+    try:
+        return bool(_await(waiter))
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 def running_loop() -> asyncio.AbstractEventLoop | None:
@@ -194,15 +231,15 @@ class _TaskCondition:
 
     def __init__(self, lock: threading.Lock) -> None:
         self._lock = lock
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters: list[asyncio.Future[bool]] = []
 
     def wait(self, timeout: float | None = None) -> bool:
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
         self._waiters.append(waiter)
         self._lock.release()
         try:
-            _await(asyncio.wait({waiter}, timeout=timeout))
-            return waiter.done()
+            return _await_until(loop, waiter, timeout)
         finally:
             self._lock.acquire()
             with contextlib.suppress(ValueError):
@@ -214,7 +251,7 @@ class _TaskCondition:
             if woken >= n:
                 return
             if not waiter.done():
-                waiter.set_result(None)
+                waiter.set_result(True)
                 woken += 1
             self._waiters.remove(waiter)
 

@@ -173,11 +173,19 @@ async def readable(sockets: dict[str, int], timeout: float) -> set[str]:
         if not done.done():
             done.set_result(None)
 
+    def time_out() -> None:
+        if not done.done():
+            done.set_result(None)
+
     for name, fd in sockets.items():
         loop.add_reader(fd, mark, name)
+    # The future itself is awaited, with a timer beside it: asyncio.wait would
+    # wake this task one turn of the loop later, through a future of its own.
+    timer = loop.call_later(max(timeout, 0.0), time_out)
     try:
-        await asyncio.wait({done}, timeout=max(timeout, 0.0))
+        await done
     finally:
+        timer.cancel()
         for fd in sockets.values():
             loop.remove_reader(fd)
     return ready
