@@ -27,7 +27,6 @@ from novaque.dialects.base import (
     _lease_values,
     _message_fields,
     d,
-    insert_message_sql,
     m,
     message_values,
     plain_channel,
@@ -179,6 +178,22 @@ def _leased_rows(cursor: Any) -> list[ClaimedRow]:
     ]
 
 
+#: The message insert of the one-message publish blocks, its body a hex
+#: literal put in per call (``{body}``, see :func:`_hex_literal`; asyncmy
+#: escapes ``bytes`` at about 30 ns a byte, 6 µs for 200 bytes, 30 ms for
+#: 1 MiB) and its other fields parameters (:func:`_message_params`).
+_INSERT_ONE = (
+    f"INSERT INTO {m.name} (topic_id, body, headers, published_at, expires_at, max_attempts, "
+    "group_key) VALUES (%s, {body}, %s, %s, %s, %s, %s)"
+)
+
+
+def _message_params(fields: dict[str, Any], body: bytes) -> tuple[Any, ...]:
+    """:func:`message_values` but the body (in :data:`_INSERT_ONE` as a literal)."""
+    topic_id, _, *rest = message_values(fields, body)
+    return (topic_id, *rest)
+
+
 #: Not cut at the session's group_concat_max_len, whatever the application
 #: set it to (16 MiB: two million channel ids).
 _UNCUT = "SET STATEMENT group_concat_max_len = 16777216 FOR "
@@ -217,7 +232,7 @@ def _planned_publish_block(fan_out: int) -> str:
     return (
         "BEGIN NOT ATOMIC DECLARE new_id BIGINT; DECLARE plan LONGTEXT; "
         f"DECLARE EXIT HANDLER FOR {_NO_REFERENCED_ROW} BEGIN ROLLBACK; SELECT NULL; END; "
-        f"{insert_message_sql('%s')}; SET new_id = LAST_INSERT_ID(); {deliveries}"
+        f"{_INSERT_ONE}; SET new_id = LAST_INSERT_ID(); {deliveries}"
         f"{_READ_PLAN}IF plan <=> %s THEN COMMIT; SELECT new_id; "
         "ELSE ROLLBACK; SELECT NULL; END IF; END"
     )
@@ -528,7 +543,7 @@ class MySQLDialect(Dialect):
     _publish_one_block = (
         "BEGIN NOT ATOMIC DECLARE new_id BIGINT; DECLARE went_to LONGTEXT; "
         "DECLARE plan LONGTEXT; "
-        f"{insert_message_sql('%s')}; "
+        f"{_INSERT_ONE}; "
         "SET new_id = LAST_INSERT_ID(); "
         f"INSERT INTO {d.name} (message_id, channel_id, state, visible_at, attempts, "
         f"max_attempts) SELECT new_id, id, {STATE_READY}, %s, 0, coalesce(max_attempts, %s) "
@@ -616,8 +631,8 @@ class MySQLDialect(Dialect):
         topic_id = fields["topic_id"]
         row = _one_row(
             dbapi,
-            self._publish_one_block,
-            (*message_values(fields, body), visible, fields["max_attempts"], *[topic_id] * 3),
+            self._publish_one_block.format(body=_hex_literal(body)),
+            (*_message_params(fields, body), visible, fields["max_attempts"], *[topic_id] * 3),
         )
         message_id, went_to, learned = row
         if message_id is None:
@@ -637,7 +652,7 @@ class MySQLDialect(Dialect):
     ) -> DriverPublished | None:
         """The publish with the topic's ``plan`` (:func:`_planned_publish_block`),
         or None when it no longer held (nothing written)."""
-        values: list[Any] = list(message_values(fields, body))
+        values: list[Any] = list(_message_params(fields, body))
         for channel_id, max_attempts in planned:
             values += (
                 channel_id,
@@ -645,7 +660,8 @@ class MySQLDialect(Dialect):
                 fields["max_attempts"] if max_attempts is None else max_attempts,
             )
         values += (fields["topic_id"], plan or None)
-        (message_id,) = _one_row(dbapi, _planned_publish_block(len(planned)), values)
+        block = _planned_publish_block(len(planned)).format(body=_hex_literal(body))
+        (message_id,) = _one_row(dbapi, block, values)
         if message_id is None:
             return None
         return int(message_id), dict.fromkeys((c for c, _ in planned), 1), plan
