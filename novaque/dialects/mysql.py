@@ -705,9 +705,9 @@ class MySQLDialect(Dialect):
         f"max_attempts) SELECT msg.id, ch.id, {STATE_READY}, %(visible)s, 0, "
         "coalesce(ch.max_attempts, %(max_attempts)s) "
         f"FROM {m.name} AS msg JOIN {channels.name} AS ch ON ch.topic_id = msg.topic_id "
-        f"WHERE ch.topic_id = %(topic_id)s AND msg.id IN %(ids)s AND "
+        f"WHERE ch.topic_id = %(topic_id)s AND msg.id IN {{ids}} AND "
         f"{PLAIN_CHANNEL_SQL.format(c='ch.')} ORDER BY msg.id, ch.id; "
-        f"SELECT channel_id, count(*) FROM {d.name} WHERE message_id IN %(ids)s "
+        f"SELECT channel_id, count(*) FROM {d.name} WHERE message_id IN {{ids}} "
         "GROUP BY channel_id "
         f"UNION ALL SELECT NULL, EXISTS (SELECT 1 FROM {channels.name} "
         f"WHERE topic_id = %(topic_id)s AND NOT ({PLAIN_CHANNEL_SQL.format(c='')})); END"
@@ -729,13 +729,9 @@ class MySQLDialect(Dialect):
         locks until the commit, so none of them turns routed meanwhile."""
         counts: dict[int, int] = {}
         special = False
-        params = {
-            "topic_id": topic_id,
-            "ids": tuple(message_ids),
-            "visible": visible,
-            "max_attempts": max_attempts,
-        }
-        for channel_id, n in conn.exec_driver_sql(self._fan_out_block, params):
+        params = {"topic_id": topic_id, "visible": visible, "max_attempts": max_attempts}
+        block = self._fan_out_block.format(ids=f"({','.join(str(int(i)) for i in message_ids)})")
+        for channel_id, n in conn.exec_driver_sql(block, params):
             if channel_id is None:
                 special = bool(n)
             else:
