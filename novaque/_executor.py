@@ -23,11 +23,12 @@ database.
 
 :class:`AsyncExecutor` is the same executor for an ``AsyncEngine``'s
 ``sync_engine``, called from inside SQLAlchemy's greenlet bridge
-(``greenlet_spawn``, as ``AsyncConnection.run_sync`` does): the operations and
-the transactions are the very same code; only what waits differs. SQLite's
-turn is an ``asyncio.Lock`` and the pause between retries an
-``asyncio.sleep``, both awaited through the bridge, so a task that waits lets
-the event loop run the others instead of blocking its thread. On SQLite each
+(:func:`novaque._bridge.bridged`, ``greenlet_spawn``'s protocol, as
+``AsyncConnection.run_sync`` uses it): the operations and the transactions are
+the very same code; only what waits differs. SQLite's turn among the loop's
+tasks (:class:`_LoopTurn`) and the pause between retries (``asyncio.sleep``)
+are awaited through the bridge, so a task that waits lets the event loop run
+the others instead of blocking its thread. On SQLite each
 transaction runs whole on a sync engine: on the loop's thread when the file's
 write lock is free (SQLite told not to wait there), else on a thread of the
 client's (one hop, where aiosqlite makes about four per statement). On an
