@@ -215,13 +215,15 @@ def driver_statement(stmt: sa.ClauseElement, sql_dialect: sa.Dialect) -> DriverS
     return DriverStatement(sql, None if names is None else tuple(names), defaults)
 
 
-def insert_message_sql(mark: str) -> str:
+def insert_message_sql(mark: str, body: str | None = None) -> str:
     """A message insert in the driver's SQL (``mark``: its parameter marker):
     topic id, body, headers, published_at, expires_at, max_attempts, group
-    (:func:`message_values`)."""
+    (:func:`message_values`); ``body``: what stands in the body's place instead
+    of a parameter (the parameters are then the six others)."""
+    values = [mark, mark if body is None else body, *[mark] * 5]
     return (
         f"INSERT INTO {m.name} (topic_id, body, headers, published_at, expires_at, max_attempts, "
-        f"group_key) VALUES ({', '.join([mark] * 7)})"
+        f"group_key) VALUES ({', '.join(values)})"
     )
 
 

@@ -27,6 +27,7 @@ from novaque.dialects.base import (
     _lease_values,
     _message_fields,
     d,
+    insert_message_sql,
     m,
     message_values,
     plain_channel,
@@ -146,13 +147,6 @@ def _one_row(dbapi: Any, block: str, params: Sequence[Any]) -> tuple[Any, ...]:
         cursor.close()
 
 
-def _text(value: str | bytes | None) -> str:
-    """A text value of a compound statement's result ("" for NULL)."""
-    if isinstance(value, bytes):
-        return value.decode()
-    return value or ""
-
-
 def _leased_rows(cursor: Any) -> list[ClaimedRow]:
     """The rows a :func:`_lease_block` leased (its current result); its
     remaining results are read here or by the cursor's close, which raise an
@@ -182,10 +176,7 @@ def _leased_rows(cursor: Any) -> list[ClaimedRow]:
 #: literal put in per call (``{body}``, see :func:`_hex_literal`; asyncmy
 #: escapes ``bytes`` at about 30 ns a byte, 6 µs for 200 bytes, 30 ms for
 #: 1 MiB) and its other fields parameters (:func:`_message_params`).
-_INSERT_ONE = (
-    f"INSERT INTO {m.name} (topic_id, body, headers, published_at, expires_at, max_attempts, "
-    "group_key) VALUES (%s, {body}, %s, %s, %s, %s, %s)"
-)
+_INSERT_ONE = insert_message_sql("%s", body="{body}")
 
 
 def _message_params(fields: dict[str, Any], body: bytes) -> tuple[Any, ...]:
@@ -623,9 +614,8 @@ class MySQLDialect(Dialect):
         # but the channels, and a locking read of those takes no lock a claim
         # waits for (claims read the channel row without locking it). This
         # saves SET TRANSACTION's round trip on a plain engine.
-        planned = None if plan is None else _plan_channels(plan)
-        if planned is not None:
-            done = self._publish_planned(dbapi, fields, body, visible, plan or "", planned)
+        if plan is not None:
+            done = self._publish_planned(dbapi, fields, body, visible, plan)
             if done is not None:
                 return done
         topic_id = fields["topic_id"]
@@ -637,9 +627,9 @@ class MySQLDialect(Dialect):
         message_id, went_to, learned = row
         if message_id is None:
             return None
-        went_to = _text(went_to)
+        went_to = exact_key_text(went_to)
         fanout = {int(channel_id): 1 for channel_id in went_to.split(",")} if went_to else {}
-        return int(message_id), fanout, _text(learned)
+        return int(message_id), fanout, exact_key_text(learned) or ""
 
     def _publish_planned(
         self,
@@ -648,10 +638,13 @@ class MySQLDialect(Dialect):
         body: bytes,
         visible: int,
         plan: str,
-        planned: list[tuple[int, int | None]],
     ) -> DriverPublished | None:
         """The publish with the topic's ``plan`` (:func:`_planned_publish_block`),
-        or None when it no longer held (nothing written)."""
+        or None when it names a routed channel or no longer held (nothing
+        written)."""
+        planned = _plan_channels(plan)
+        if planned is None:
+            return None
         values: list[Any] = list(_message_params(fields, body))
         for channel_id, max_attempts in planned:
             values += (
