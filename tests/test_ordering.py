@@ -46,6 +46,25 @@ def test_group_fifo_hands_out_one_delivery_per_group_in_order(client: novaque.Cl
     assert len(claim_bodies(client, "plain")) == 5
 
 
+def test_group_keys_are_kept_exactly_whatever_they_hold(client: novaque.Client) -> None:
+    # Keys a database's quoting must carry through untouched (PostgreSQL's
+    # routed deliveries travel as arrays in their text form).
+    keys = ['a"b', "back\\slash", "x,y", "{}", "NULL", " ", "ü€", 'q"\\,{NULL}']
+    client.ensure_channel("t", "c", ordering="group_fifo")
+    client.publish_many(
+        "t", [f"{i}-{n}".encode() for n in (1, 2) for i in range(len(keys))], groups=keys * 2
+    )
+    got = client.claim("t", "c", max_messages=50)
+    assert sorted((m.group, m.body) for m in got) == sorted(
+        (key, f"{i}-1".encode()) for i, key in enumerate(keys)
+    )
+    client.ack_many(got)
+    got = client.claim("t", "c", max_messages=50)
+    assert sorted((m.group, m.body) for m in got) == sorted(
+        (key, f"{i}-2".encode()) for i, key in enumerate(keys)
+    )
+
+
 def test_a_retry_or_a_delayed_head_keeps_its_group_waiting(
     client: novaque.Client, clock: FakeClock
 ) -> None:

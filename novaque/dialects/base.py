@@ -626,6 +626,12 @@ class Dialect:
         """
         conn.execute(self._insert(table).on_conflict_do_nothing(), values)
 
+    def insert_delivery_rows(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
+        """Insert delivery rows (``message_id``, ``channel_id``, ``state``,
+        ``visible_at``, ``attempts``, ``max_attempts``, ``group_key``), their ids
+        ascending in the order of ``rows``."""
+        conn.execute(sa.insert(d), rows)
+
     def insert_deduplicated(self, conn: sa.Connection, row: dict[str, Any]) -> int | None:
         """Insert a message with a dedup key; its id, or None if the key is taken."""
         stmt = (

@@ -32,6 +32,23 @@ from novaque.schema import PARKED_OFFSET, STATE_LEASED, STATE_READY, channels, g
 MIGRATION_LOCK_KEY = 0x6E6F7661717565  # "novaque"
 
 
+def array_literal(values: Sequence[int | str | None]) -> str:
+    """PostgreSQL's text form of a one-dimensional array of integers or strings
+    (``{1,NULL,"a \\"b\\""}``): each string quoted, its ``\\`` and ``"`` escaped."""
+    return (
+        "{"
+        + ",".join(
+            "NULL"
+            if v is None
+            else str(v)
+            if isinstance(v, int)
+            else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            for v in values
+        )
+        + "}"
+    )
+
+
 def _driver_text(stmt: sa.TextClause) -> str:
     """A statement in psycopg's SQL (the same for its async connections)."""
     return str(stmt.compile(dialect=pg_psycopg.dialect()))  # type: ignore[no-untyped-call]
@@ -397,6 +414,32 @@ class PostgresDialect(Dialect):
     )
 
     holds_parents = True
+
+    # Delivery rows as one array per column: one statement whatever their
+    # number. Each array is sent as its literal text (psycopg dumps a list
+    # element by element: 2,000 rows took ~4 ms more so): SQLAlchemy's
+    # executemany of a routed publish's 2,000 rows spent 19 of its 31 ms
+    # building and sending them, the arrays ~6.
+    _delivery_columns = (
+        ("message_id", "BIGINT"),
+        ("channel_id", "INTEGER"),
+        ("state", "SMALLINT"),
+        ("visible_at", "BIGINT"),
+        ("attempts", "INTEGER"),
+        ("max_attempts", "INTEGER"),
+        ("group_key", "TEXT"),
+    )
+    _insert_delivery_rows = sa.text(
+        f"INSERT INTO {d.name} ({', '.join(c for c, _ in _delivery_columns)}) "
+        f"SELECT {', '.join(f'u.{c}' for c, _ in _delivery_columns)} "
+        f"FROM unnest({', '.join(f'CAST(:{c} AS {t}[])' for c, t in _delivery_columns)}) "
+        f"WITH ORDINALITY AS u({', '.join(c for c, _ in _delivery_columns)}, n) "
+        "ORDER BY u.n"
+    )
+
+    def insert_delivery_rows(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
+        params = {c: array_literal([row.get(c) for row in rows]) for c, _ in self._delivery_columns}
+        conn.execute(self._insert_delivery_rows, params)
 
     def insert_deduplicated(self, conn: sa.Connection, row: dict[str, Any]) -> int | None:
         # The key's unique index is partial (migration 0006): ON CONFLICT names it.

@@ -247,7 +247,7 @@ def insert_deliveries(
     if not rows:
         return
     _groups.park(conn, rows)
-    conn.execute(sa.insert(deliveries), rows)
+    dialect.insert_delivery_rows(conn, rows)
     keyed: dict[int, list[int]] = {}
     for row in rows:
         if row["group_key"] is not None:
