@@ -104,6 +104,13 @@ ERROR_DELAY_FIRST_S = 0.1
 ERROR_DELAY_CAP_S = 5.0
 #: Longest wait of the claim loop for more handlers to finish before it claims.
 CLAIM_LINGER_S = 0.002
+#: Handlers quicker than this on average (once QUICK_AFTER have run): the
+#: worker that takes a batch runs it one after another (Consumer._next_to_start).
+QUICK_HANDLER_S = 0.0001
+QUICK_AFTER = 16
+#: Then the longest a delivery waits while others start none, before one more
+#: worker is woken for it.
+STANDBY_S = 0.005
 #: Bounds of the heartbeat's tick (seconds of real time): a quarter of the lease.
 HEARTBEAT_TICK_MIN_S = 0.05
 HEARTBEAT_TICK_MAX_S = 5.0
@@ -205,8 +212,11 @@ class Consumer:
         #: What happened so far (claim passes, handlers started, acks, ...):
         #: tests wait on these instead of sleeping.
         self._signals = Signals()
-        #: Running average of handler durations (seconds); see _linger.
+        #: Running average of handler durations (seconds), see _linger and
+        #: _one_by_one; how many handlers ran; when a worker last started one.
         self._handler_s = 0.0
+        self._handled = 0
+        self._last_start = 0.0
 
     def __repr__(self) -> str:
         return (
@@ -353,7 +363,7 @@ class Consumer:
                 if acks:
                     self._settle_acks(acks)
                 else:
-                    self._wake.wait(1.0)
+                    self._wait_wake(1.0)
                 continue
             try:
                 # Cached by the client, and looked up again after empty claims
@@ -378,7 +388,7 @@ class Consumer:
             errors.reset()
             self._signals.bump("polls")
             if not got:
-                self._wake.wait(jittered(idle))
+                self._wait_wake(jittered(idle))
                 idle = min(idle * 2, self.poll_interval)
                 continue
             idle = first_idle
@@ -422,29 +432,27 @@ class Consumer:
     def _worker(self) -> None:
         while True:
             with self._lock:
-                while not self._ledger.work and not self._workers_stop:
-                    self._work_ready.wait()
-                msg = self._ledger.start_next()
+                msg = self._next_to_start()
                 if msg is None:
                     return
-                if self._ledger.work:
-                    # Wake one more worker for the rest, one at a time: quick
-                    # handlers leave little for the next to take, and a batch
-                    # no longer wakes every worker at once to fight over this
-                    # lock (a quarter of the claim loop's time in W2).
-                    self._work_ready.notify()
             self._signals.bump("started")
             started = time.monotonic()
             outcome = self._handle(msg)
             # A running average of handler times: the claim loop lingers only
-            # for handlers quicker than its linger (benign race between workers).
+            # for handlers quicker than its linger, and quick ones run one
+            # after another (benign race between workers).
             self._handler_s += (time.monotonic() - started - self._handler_s) / 16
+            self._handled += 1
             with self._lock:
                 late = self._state == _STOPPED
                 self._ledger.finished(outcome, keep=not late)
                 if not late and (outcome.kind != "ack" or self._stop_claiming.is_set()):
                     self._results_ready.notify()  # acks go with the next claim
-            self._wake.set()  # a worker is free: claim more
+                # A worker is free: claim more, unless this one goes on with
+                # the batch (the claim loop would only linger meanwhile).
+                free = not (self._ledger.work and self._one_by_one())
+            if free:
+                self._wake.set()
             self._signals.bump("handled")
             if late:
                 self._log.warning(
@@ -454,6 +462,59 @@ class Consumer:
                     self.topic,
                     self.channel,
                 )
+
+    def _one_by_one(self) -> bool:
+        """Whether handlers are quick enough (:data:`QUICK_HANDLER_S`, once
+        :data:`QUICK_AFTER` have run) for the worker that takes a batch to run
+        it one after another: handing each delivery to a thread of its own
+        cost more than the handler (a third of a drain's time on SQLite, W2)."""
+        return self._handled >= QUICK_AFTER and self._handler_s < QUICK_HANDLER_S
+
+    def _next_to_start(self) -> Message | None:
+        """Under ``_lock``: wait for a delivery to handle and start it; None
+        when the workers stop.
+
+        Slow handlers: each worker that takes a delivery wakes one more while
+        work remains, one at a time (a batch no longer wakes every worker at
+        once to fight over this lock: a quarter of the claim loop's time in
+        W2). Quick ones (:meth:`_one_by_one`): the worker goes on with the
+        batch alone, and the claim loop wakes another one if no delivery
+        started for :data:`STANDBY_S` (:meth:`_standby_left`: a handler that
+        was quick so far may not be this time).
+        """
+        ledger = self._ledger
+        while not ledger.work and not self._workers_stop:
+            self._work_ready.wait()
+        msg = ledger.start_next()
+        self._last_start = time.monotonic()
+        if ledger.work and not self._one_by_one():
+            self._work_ready.notify()
+        return msg
+
+    def _standby_left(self) -> float | None:
+        """Under ``_lock``, for the claim loop while quick handlers run one by
+        one: wake one more worker when the next delivery has waited
+        :data:`STANDBY_S` since the last start; the seconds until that is
+        looked at again, or None when no delivery waits."""
+        if not self._ledger.work or not self._one_by_one():
+            return None
+        left = self._last_start + STANDBY_S - time.monotonic()
+        if left > 0:
+            return left
+        self._work_ready.notify()
+        self._last_start = time.monotonic()
+        return STANDBY_S
+
+    def _wait_wake(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for :meth:`_wake_up`, standing by for quick
+        handlers meanwhile (:meth:`_standby_left`)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                check = self._standby_left()
+            left = deadline - time.monotonic()
+            if left <= 0 or self._wake.wait(left if check is None else min(left, check)):
+                return
 
     def _handle(self, msg: Message) -> Outcome:
         return outcome_of(self.handler, msg, backoff=self.backoff, log=self._log, waits=self._waits)
@@ -481,7 +542,7 @@ class Consumer:
             if left <= 0:
                 return
             self._wake.clear()
-            self._wake.wait(left)
+            self._wait_wake(left)
 
     # Acks ride with the next claim: the claim loop takes the acks that piled
     # up and writes them in the transaction that leases the next batch (one

@@ -94,6 +94,28 @@ def test_handlers_run_side_by_side_up_to_max_in_flight(client: novaque.Client) -
     assert all(m.attempts == 1 for m in handler.calls)
 
 
+def test_a_handler_slow_after_quick_ones_holds_back_none_of_the_rest(
+    client: novaque.Client,
+) -> None:
+    # Quick handlers run one after another on the worker that took their
+    # batch; when one of them blocks, the rest of the batch must not wait for
+    # it: another worker takes them.
+    release = threading.Event()
+    handler = Recorder(lambda m: release.wait(WAIT) if m.body == b"slow" else None)
+    consumer = client.subscribe("quick", "c", handler, max_in_flight=4)
+    client.publish_many("quick", [f"q{i}" for i in range(40)])
+    consumer.start()
+    try:
+        waited(consumer._signals.wait("acked", 40, WAIT), "40 quick acks")
+        client.publish_many("quick", ["slow", "a", "b", "c"])
+        waited(consumer._signals.wait("handled", 43, WAIT), "the three behind the slow one")
+        assert sorted(m.body for m in handler.calls[40:]) == [b"a", b"b", b"c", b"slow"]
+    finally:
+        release.set()
+    waited(consumer._signals.wait("acked", 44, WAIT), "the slow one's ack")
+    consumer.shutdown(timeout=10)
+
+
 def test_a_failing_handler_is_retried_then_dead_with_its_last_error(
     backend: Backend, client: novaque.Client
 ) -> None:
