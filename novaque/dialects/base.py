@@ -134,20 +134,29 @@ _lease_values = {
     "attempts": d.c.attempts + 1,
     "attempt_id": sa.bindparam("p_attempt_id", None, type_=d.c.attempt_id.type),
 }
-_claim_update_returning = (
-    sa.update(d)
-    .where(d.c.id.in_(_claim_ids.scalar_subquery()))
-    .values(_lease_values)
-    .returning(
-        d.c.id,
-        d.c.message_id,
-        d.c.attempts,
-        d.c.max_attempts,
-        d.c.visible_at,
-        _channel_lease.label("channel_lease"),
-        d.c.group_key.label("order_key"),
+
+
+def leasing(pick: sa.Select[Any]) -> sa.Update:
+    """The lease of the deliveries ``pick`` selects (their ids), each returned
+    with what the claim needs: the one claim statement, whichever pick a
+    dialect uses (PostgreSQL's is a function: migration 0007)."""
+    return (
+        sa.update(d)
+        .where(d.c.id.in_(pick.scalar_subquery()))
+        .values(_lease_values)
+        .returning(
+            d.c.id,
+            d.c.message_id,
+            d.c.attempts,
+            d.c.max_attempts,
+            d.c.visible_at,
+            _channel_lease.label("channel_lease"),
+            d.c.group_key.label("order_key"),
+        )
     )
-)
+
+
+_claim_update_returning = leasing(_claim_ids)
 #: Receive-and-delete: the due deliveries the claim would lease, deleted, each
 #: returned with its message's fields (primary-key subqueries: RETURNING
 #: cannot join) and its attempt counted.

@@ -19,10 +19,9 @@ from novaque.dialects.base import (
     DriverPublished,
     NotifyListener,
     T_row,
-    _claim_ids,
     _claim_params,
-    _claim_update_returning,
     d,
+    leasing,
     m,
 )
 from novaque.dialects.listen import _AwaitedPostgresListener, _PostgresListener
@@ -65,6 +64,23 @@ _PUBLISH_HEAD = f"""WITH routed AS (
         ), tp AS (
             SELECT id FROM {topics.name} WHERE id = :topic_id FOR KEY SHARE
         )"""
+
+
+#: The claim's pick (migration 0007): the ids of up to ``p_limit`` due
+#: deliveries of the channel, oldest first, locked ``FOR UPDATE SKIP LOCKED``,
+#: none for a paused channel, ``p_skip`` left out. A function with
+#: ``enable_sort = off``, so PostgreSQL walks the claim index whatever its
+#: statistics say of the channel (a bitmap scan and a sort read the whole
+#: backlog); declared ``ROWS 1``, so the statement around it reaches the
+#: picked rows by their primary key, as it did the subquery it replaces.
+CLAIM_PICK = "novaque_claim_pick"
+_CLAIM_PICK_CALL = (
+    f"{CLAIM_PICK}(CAST(:p_channel AS INTEGER), CAST(:p_now AS BIGINT), "
+    "CAST(:p_limit AS INTEGER), CAST({skip} AS BIGINT[]))"
+)
+_claim_pick: sa.Select[Any] = sa.select(sa.literal_column("id")).select_from(
+    sa.text(_CLAIM_PICK_CALL.format(skip="'{}'") + " AS id")
+)
 
 
 def _autocommit_rows(dbapi: Any, sql: str, params: dict[str, Any]) -> list[Any]:
@@ -126,7 +142,7 @@ class PostgresDialect(Dialect):
     supports_notify = True
 
     def __init__(self) -> None:
-        claimed = _claim_update_returning.cte("claimed")
+        claimed = leasing(_claim_pick).cte("claimed")
         self._claim_stmt = (
             sa.select(
                 claimed.c.id,
@@ -148,7 +164,7 @@ class PostgresDialect(Dialect):
         # the messages joined (as the claim's).
         popped = (
             sa.delete(d)
-            .where(d.c.id.in_(_claim_ids.scalar_subquery()))
+            .where(d.c.id.in_(_claim_pick.scalar_subquery()))
             .returning(d.c.id, d.c.message_id, d.c.attempts, d.c.max_attempts, d.c.group_key)
             .cte("popped")
         )
@@ -202,22 +218,14 @@ class PostgresDialect(Dialect):
             WHERE d.id = a.id AND d.lease_token = a.token
             RETURNING d.id, d.lease_token
         ), ch AS (
-            SELECT lease, paused FROM {channels.name} WHERE id = :p_channel
+            SELECT lease FROM {channels.name} WHERE id = :p_channel
         ), claimed AS (
             UPDATE {d.name}
             SET state = {STATE_LEASED}, lease_token = :p_token, attempts = attempts + 1,
                 attempt_id = NULL, visible_at = COALESCE(
                     CASE WHEN :p_channel_lease = 1 THEN :p_now + (SELECT lease FROM ch) END,
                     :p_until)
-            WHERE id IN (
-                SELECT id FROM {d.name}
-                WHERE channel_id = :p_channel AND visible_at <= :p_now
-                  AND attempts < max_attempts AND id <> ALL(CAST(:ids AS BIGINT[]))
-                  AND NOT EXISTS (SELECT 1 FROM ch WHERE paused)
-                ORDER BY visible_at, id
-                LIMIT :p_limit
-                FOR UPDATE SKIP LOCKED
-            )
+            WHERE id IN (SELECT id FROM {_CLAIM_PICK_CALL.format(skip=":ids")} AS id)
             RETURNING id, message_id, attempts, max_attempts, visible_at, group_key
         )
         SELECT 0, id, NULL, NULL, NULL, NULL, NULL, NULL, lease_token, NULL, NULL, NULL, NULL
