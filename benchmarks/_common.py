@@ -11,13 +11,16 @@ from typing import Any
 
 #: Every body is this long (BENCHMARKS.md).
 BODY_BYTES = 200
+#: How a run's clients get their engine (``Sizes.engine``, ``--engine``).
+ENGINES = ("connect", "plain")
 #: Each workload stops itself after this many seconds and reports what it did.
 WORKLOAD_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
 class Sizes:
-    """How much work each workload does. The defaults are BENCHMARKS.md's."""
+    """How much work each workload does (the defaults are BENCHMARKS.md's), and
+    on which engine."""
 
     w1a_messages: int = 2_000
     w1b_messages: int = 20_000
@@ -39,6 +42,12 @@ class Sizes:
     w7_groups: int = 1_000
     #: W8: W6's publish with this many of its channels filtered (CEL).
     w8_filtered: int = 4
+    #: Not a size: the engine every novaque client of the run is built on,
+    #: ``"connect"`` (``novaque.connect``: novaque's pool and session set-up)
+    #: or ``"plain"`` (``sqlalchemy.create_engine(url)``, an application's own
+    #: engine shared with novaque, as ``bench-peers`` drives it). Here because
+    #: it travels with the sizes to W5's worker processes.
+    engine: str = "connect"
 
     def scaled(self, factor: float) -> Sizes:
         """The same workloads with every message count multiplied by ``factor``."""

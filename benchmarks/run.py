@@ -34,6 +34,7 @@ from typing import Any, TextIO
 
 from benchmarks import workloads as nq
 from benchmarks._common import (
+    ENGINES,
     WORKLOAD_TIMEOUT_S,
     Deadline,
     Run,
@@ -762,6 +763,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="which twins run W1a-W3: sync (novaque.Client), aio (novaque.aio.AsyncClient) "
         "or both (default: sync,aio); W4-W6 have the sync client only",
     )
+    parser.add_argument(
+        "--engine",
+        default="connect",
+        choices=ENGINES,
+        help="the engine of every novaque client: connect (novaque.connect, novaque's pool "
+        "and session set-up; default) or plain (sqlalchemy.create_engine(url), an "
+        "application's own engine)",
+    )
     parser.add_argument("--runs", type=int, default=3, help="runs per side; the median counts")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     parser.add_argument(
@@ -820,7 +829,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmarks; 0 when every backend ran, 1 when one failed."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    sizes = Sizes(w5_messages=args.w5_messages).scaled(args.scale)
+    sizes = Sizes(w5_messages=args.w5_messages, engine=args.engine).scaled(args.scale)
     backends = list(BACKENDS) if args.backend == "all" else [args.backend]
     started = time.monotonic()
     # The twin's one event loop, on a thread of its own, for every backend.
@@ -860,7 +869,11 @@ def main(argv: list[str] | None = None) -> int:
     progress.finish()
     elapsed = time.monotonic() - started
     print(table(rows))
-    print(f"\n{len(backends)} backend(s), {args.runs} run(s) per side, {elapsed:.0f} s")
+    print(
+        f"\n{len(backends)} backend(s), {args.runs} run(s) per side, engines by "
+        f"{'novaque.connect' if args.engine == 'connect' else 'sqlalchemy.create_engine'}, "
+        f"{elapsed:.0f} s"
+    )
     if args.json:
         report = {
             "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

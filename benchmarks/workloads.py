@@ -16,6 +16,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
 
 import novaque
 import novaque.aio
@@ -39,11 +40,32 @@ def client_options(sizes: Sizes, **options: Any) -> dict[str, Any]:
 def make_client(
     db: Database, sizes: Sizes, *, start: bool = True, **options: Any
 ) -> novaque.Client:
-    """A client as an application would make one (``novaque.connect``), started."""
-    client = novaque.connect(db.url, **client_options(sizes, **options))
+    """A client as an application would make one, started: ``novaque.connect``,
+    or ``novaque.Client`` on ``sqlalchemy.create_engine(url)`` with a pool as
+    large as ``connect`` would make (``Sizes.engine``)."""
+    fields = client_options(sizes, **options)
+    if sizes.engine == "plain":
+        engine = sa.create_engine(db.url, pool_size=_pool_size(fields))
+        client = novaque.Client(engine, novaque.Options(**fields))
+    else:
+        client = novaque.connect(db.url, **fields)
     if start and hasattr(client, "start"):
         client.start()
     return client
+
+
+def _pool_size(fields: dict[str, Any]) -> int:
+    """The pool ``connect`` sizes for the consumers' workers (a plain engine's
+    default of 5 would make them wait for connections)."""
+    return max(5, int(fields["max_in_flight"]) + 4)
+
+
+#: The asyncio driver of each backend (what ``novaque.aio.connect`` picks).
+ASYNC_DRIVERS = {
+    "postgres": "postgresql+psycopg",
+    "mysql": "mysql+asyncmy",
+    "sqlite": "sqlite+aiosqlite",
+}
 
 
 def consumer_kind(client: novaque.Client) -> str:
@@ -308,12 +330,13 @@ class AioSide(SyncSide):
 
 
 async def _aio_connect(db: Database, sizes: Sizes, start: bool) -> novaque.aio.AsyncClient:
-    # Without the sync driver's name, connect() picks the asyncio one
-    # (psycopg's async mode, asyncmy, aiosqlite).
-    url = sa.make_url(db.url)
-    client = novaque.aio.connect(
-        url.set(drivername=url.get_backend_name()), **client_options(sizes)
-    )
+    url = sa.make_url(db.url).set(drivername=ASYNC_DRIVERS[db.backend])
+    fields = client_options(sizes)
+    if sizes.engine == "plain":
+        engine = create_async_engine(url, pool_size=_pool_size(fields))
+        client = novaque.aio.AsyncClient(engine, novaque.Options(**fields))
+    else:
+        client = novaque.aio.connect(url, **fields)
     if start:
         await client.start()
     return client

@@ -153,3 +153,50 @@ def test_unknown_workloads_are_refused(capsys: pytest.CaptureFixture[str]) -> No
         run.main(["--workloads", "W1a,W9"])
     assert exit_info.value.code == 2
     assert "unknown workload(s) W9" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("engine", ["connect", "plain"])
+def test_the_clients_are_on_the_engine_asked_for(engine: str) -> None:
+    """``--engine plain``: every client of the run on ``sqlalchemy.create_engine``
+    (novaque owns no engine of it, its pool as large as ``connect``'s), the
+    twin's on ``create_async_engine``; ``connect``: novaque's own."""
+    import asyncio
+
+    from benchmarks import workloads
+    from benchmarks._common import Sizes
+    from benchmarks._databases import Database, close_client
+
+    db = Database("sqlite")
+    try:
+        db.migrate()
+        sizes = Sizes(engine=engine)
+        client = workloads.make_client(db, sizes, start=False)
+        try:
+            assert client._owns_engine is (engine == "connect")
+            if engine == "plain":  # connect() sizes SQLite's pool its own way
+                assert client.engine.pool.size() == sizes.max_in_flight + 4  # type: ignore[attr-defined]
+        finally:
+            close_client(client)
+        twin = asyncio.run(workloads._aio_connect(db, sizes, start=False))
+        try:
+            assert twin._core._owns_engine is (engine == "connect")
+            assert twin.engine.url.drivername == "sqlite+aiosqlite"
+        finally:
+            asyncio.run(workloads._aio_close(twin))
+    finally:
+        db.drop()
+
+
+def test_the_servers_on_plain_engines(
+    backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What ``bench-peers`` drives, an application's own engine, in ``novaque bench``."""
+    if backend.server_url is not None:
+        monkeypatch.setenv(ENV[backend.name], backend.server_url)
+    workloads = ["W1a", "W1b", "W2", "W3"]
+    status, report = bench(
+        tmp_path, "--backend", backend.name, "--engine", "plain", "--workloads", ",".join(workloads)
+    )
+    assert status == 0
+    assert report["sizes"]["engine"] == "plain"
+    check_rows(report, backend.name, workloads)
