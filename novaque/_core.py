@@ -1,6 +1,7 @@
 """The core of the synchronous client: publishing, topology, low-level consuming,
-maintenance. :class:`novaque.Client` adds the consumer runtime and the
-operator's calls on top of :class:`CoreClient`."""
+maintenance. :class:`novaque.Client` adds the consumer runtime on top of
+:class:`CoreClient` and composes the operator's calls
+(:class:`novaque._operate.Operations`)."""
 
 from __future__ import annotations
 
@@ -152,6 +153,8 @@ class CoreClient:
         self._consumer_heartbeat = seconds(
             self.options.consumer_heartbeat, "Options.consumer_heartbeat"
         )
+        #: What a maintenance pass runs after the TTL purge (_add_purge_pass).
+        self._purge_passes: list[Callable[[], int]] = []
 
     def __repr__(self) -> str:
         return f"<novaque.Client {self._dialect.name} {self.engine.url.render_as_string()}>"
@@ -1179,10 +1182,16 @@ class CoreClient:
         self.prune_stats()
         self.forget_stale_consumers()
 
+    def _add_purge_pass(self, run: Callable[[], int]) -> None:
+        """Run ``run`` after the TTL purge in every maintenance pass (the
+        operator's calls add dead-letter retention); it returns how many rows
+        it deleted."""
+        self._purge_passes.append(run)
+
     def _purge_pass(self) -> int:
-        """The purge job of a maintenance pass: TTL purge (and, with the
-        operating calls, dead-letter retention)."""
-        return self.purge_expired()
+        """The purge job of a maintenance pass, in ``run_maintenance()`` and in
+        ``start()``'s loop: TTL purge, then what :meth:`_add_purge_pass` added."""
+        return self.purge_expired() + sum(run() for run in self._purge_passes)
 
     def _resample_clock(self) -> None:
         if time.monotonic() - self._clock_sampled_at < CLOCK_SAMPLE_S:

@@ -1,9 +1,10 @@
 """The operator's calls: counters and backlog, dead letters, browsing, replay, prune.
 
-:class:`OperatingClient` adds them to :class:`~novaque._core.CoreClient`, and
-:class:`novaque.Client` inherits them. Reads never create a topic or a channel:
-a missing topic raises :class:`~novaque.TopicNotFound`, a missing channel of an
-existing topic :class:`~novaque.ChannelNotFound`.
+:class:`Operations` holds them, over a :class:`~novaque._core.CoreClient`;
+:class:`novaque.Client` composes one and forwards its calls to it. Reads never
+create a topic or a channel: a missing topic raises
+:class:`~novaque.TopicNotFound`, a missing channel of an existing topic
+:class:`~novaque.ChannelNotFound`.
 
 The work is done by the operations of :mod:`novaque.ops.browse` and
 :mod:`novaque.ops.maintain`; their statements (:mod:`novaque.ops._sql`) are
@@ -33,11 +34,20 @@ from novaque.ops import browse, maintain, presence
 from novaque.ops._sql import BACKLOG, DEAD_PAGE
 from novaque.options import check_int, seconds
 
-__all__ = ["BACKLOG", "DEAD_PAGE", "OperatingClient"]
+__all__ = ["BACKLOG", "DEAD_PAGE", "Operations"]
 
 
-class OperatingClient(CoreClient):
-    """Stats, backlog, dead letters, browsing, replay and prune (see the guide, "Operating")."""
+class Operations:
+    """Stats, backlog, dead letters, browsing, replay and prune (see the guide,
+    "Operating"): a part of :class:`novaque.Client`, which forwards its calls.
+
+    It works through the client's core (``core``: its transactions, clock and
+    options) and adds dead-letter retention to the core's purge pass.
+    """
+
+    def __init__(self, core: CoreClient) -> None:
+        self._core = core
+        core._add_purge_pass(self.enforce_dead_retention)
 
     # -- counters -------------------------------------------------------------------------
 
@@ -58,7 +68,7 @@ class OperatingClient(CoreClient):
         first, last = _validate.day_range(since, until)
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
-        return self._run_op("", browse.channel_counters, topic, channel, first, last)
+        return self._core._run_op("", browse.channel_counters, topic, channel, first, last)
 
     def topic_counters(
         self,
@@ -70,7 +80,7 @@ class OperatingClient(CoreClient):
         """The counters of every channel of ``topic`` added up (see :meth:`channel_counters`)."""
         first, last = _validate.day_range(since, until)
         _validate.name(topic, "topic")
-        return self._run_op("", browse.topic_counters, topic, first, last)
+        return self._core._run_op("", browse.topic_counters, topic, first, last)
 
     def daily_counters(
         self,
@@ -87,7 +97,7 @@ class OperatingClient(CoreClient):
         first, last = _validate.day_range(since, until)
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
-        return self._run_op("", browse.daily_counters, topic, channel, first, last)
+        return self._core._run_op("", browse.daily_counters, topic, channel, first, last)
 
     def minute_counters(
         self, topic: str, channel: str, *, since: datetime | None = None
@@ -104,13 +114,13 @@ class OperatingClient(CoreClient):
         :meth:`flush_stats` first for this process's latest counts.
         """
         if since is None:
-            first = self._now() - MINUTES_KEPT_US
+            first = self._core._now() - MINUTES_KEPT_US
         else:
             first = to_us(_validate.moment(since, "since"))
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
         first = first // MINUTE_US * MINUTE_US
-        return self._run_op("", browse.minute_counters, topic, channel, first)
+        return self._core._run_op("", browse.minute_counters, topic, channel, first)
 
     # -- consumers online ---------------------------------------------------------------------
 
@@ -131,7 +141,7 @@ class OperatingClient(CoreClient):
             _validate.name(topic, "topic")
         if channel is not None:
             _validate.name(channel, "channel")
-        return self._run_op("", presence.list_consumers, topic, channel)
+        return self._core._run_op("", presence.list_consumers, topic, channel)
 
     # -- backlog ------------------------------------------------------------------------------
 
@@ -146,7 +156,7 @@ class OperatingClient(CoreClient):
         """
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
-        return self._run_timed("", browse.channel_backlog, topic, channel)
+        return self._core._run_timed("", browse.channel_backlog, topic, channel)
 
     def topic_backlog(self, topic: str) -> dict[str, Backlog]:
         """The backlog of each channel of ``topic``, by channel name (sorted).
@@ -156,7 +166,7 @@ class OperatingClient(CoreClient):
         channels (the same index-only counts per channel).
         """
         _validate.name(topic, "topic")
-        return self._run_timed("", browse.topic_backlog, topic)
+        return self._core._run_timed("", browse.topic_backlog, topic)
 
     # -- dead letters ------------------------------------------------------------------------
 
@@ -179,7 +189,7 @@ class OperatingClient(CoreClient):
         _validate.name(channel, "channel")
         page = _validate.page_limit(limit)
         after = _validate.after_id(after_id)
-        return self._run_op("", browse.list_dead, topic, channel, page, after, with_body)
+        return self._core._run_op("", browse.list_dead, topic, channel, page, after, with_body)
 
     def requeue_dead(
         self,
@@ -284,12 +294,14 @@ class OperatingClient(CoreClient):
         if died_before is not None:
             before = to_us(_validate.moment(died_before, "died_before"))
         per_second = None if rate is None else _validate.rate(rate)
-        batch = self.options.maintenance_batch
+        batch = self._core.options.maintenance_batch
         if per_second is not None:
             batch = max(1, min(batch, int(per_second)))  # one second's worth at most
-        channel_id, target_id = self._run_op("", browse.dead_channels, topic, channel, to_channel)
+        channel_id, target_id = self._core._run_op(
+            "", browse.dead_channels, topic, channel, to_channel
+        )
         work = browse.DeadWork(
-            action, topic, channel_id, int(self._default_ttl * US), before, target_id
+            action, topic, channel_id, int(self._core._default_ttl * US), before, target_id
         )
         return self._dead_chunks(work, wanted, most, batch, per_second)
 
@@ -304,26 +316,28 @@ class OperatingClient(CoreClient):
         if most is not None:
             # The letters to take, chosen once (one sort of the dead range),
             # then worked through by id, each checked again as it is locked.
-            wanted = self._run_op(
+            wanted = self._core._run_op(
                 "", browse.oldest_dead, work.channel_id, wanted, work.died_before, most
             )
-        pace = _Pace(per_second, self._waits)
+        pace = _Pace(per_second, self._core._waits)
         if wanted is not None:
             for i in range(0, len(wanted), batch):
                 pace.wait()
                 chunk = sorted(wanted[i : i + batch])
-                _, done, _, effects = self._run_timed("", browse.dead_batch, work, chunk, 0, batch)
-                self._apply(effects)
+                _, done, _, effects = self._core._run_timed(
+                    "", browse.dead_batch, work, chunk, 0, batch
+                )
+                self._core._apply(effects)
                 pace.took(len(chunk))
                 yield done
             return
         after = 0
         while True:
             pace.wait()
-            seen, done, after, effects = self._run_timed(
+            seen, done, after, effects = self._core._run_timed(
                 "", browse.dead_batch, work, None, after, batch
             )
-            self._apply(effects)
+            self._core._apply(effects)
             pace.took(seen)
             yield done
             if seen < batch:
@@ -342,13 +356,13 @@ class OperatingClient(CoreClient):
         Only dead rows are touched; they count as ``purged``. Part of
         :meth:`run_maintenance`.
         """
-        default_age = self.options.dead_max_age
+        default_age = self._core.options.dead_max_age
         age_default = (
             None if default_age is None else int(seconds(default_age, "Options.dead_max_age") * US)
         )
-        count_default = self.options.dead_max_count
-        bytes_default = self.options.dead_max_bytes
-        bounded = self._run_op(
+        count_default = self._core.options.dead_max_count
+        bytes_default = self._core.options.dead_max_bytes
+        bounded = self._core._run_op(
             "",
             maintain.dead_bounds,
             age_default is None and count_default is None and bytes_default is None,
@@ -365,17 +379,12 @@ class OperatingClient(CoreClient):
             if max_bytes is not None:
                 total += self._retire_bytes(channel_id, int(max_bytes))
         if total:
-            self.log.debug("dead-letter retention deleted %d letters", total)
+            self._core.log.debug("dead-letter retention deleted %d letters", total)
         return total
 
-    def _purge_pass(self) -> int:
-        """TTL purge, then dead-letter retention: the purge job of every
-        maintenance pass, in ``run_maintenance()`` and in ``start()``'s loop."""
-        return super()._purge_pass() + self.enforce_dead_retention()
-
     def _retire_older(self, channel_id: int, max_age_us: int) -> int:
-        batch = self.options.maintenance_batch
-        return self._in_batches(maintain.retire_older_batch, channel_id, max_age_us, batch)
+        batch = self._core.options.maintenance_batch
+        return self._core._in_batches(maintain.retire_older_batch, channel_id, max_age_us, batch)
 
     def _retire_beyond(self, channel_id: int, keep: int) -> int:
         """Delete all but the newest ``keep`` dead letters (by died_at), oldest first.
@@ -383,11 +392,11 @@ class OperatingClient(CoreClient):
         Everything older than the ``keep``-th newest letter stays older than it
         as letters keep dying, so concurrent passes never delete too many.
         """
-        edge = self._run_op("", maintain.dead_boundary, channel_id, keep)
+        edge = self._core._run_op("", maintain.dead_boundary, channel_id, keep)
         if edge is None:
             return 0
-        batch = self.options.maintenance_batch
-        return self._in_batches(maintain.retire_beyond_batch, channel_id, edge, batch)
+        batch = self._core.options.maintenance_batch
+        return self._core._in_batches(maintain.retire_beyond_batch, channel_id, edge, batch)
 
     def _retire_bytes(self, channel_id: int, max_bytes: int) -> int:
         """Delete the oldest died dead letters until the newest left total at
@@ -396,11 +405,11 @@ class OperatingClient(CoreClient):
         As for :meth:`_retire_beyond`, letters that die meanwhile are newer
         than the boundary: concurrent passes never delete too many.
         """
-        edge = self._run_op("", maintain.dead_bytes_boundary, channel_id, max_bytes)
+        edge = self._core._run_op("", maintain.dead_bytes_boundary, channel_id, max_bytes)
         if edge is None:
             return 0
-        batch = self.options.maintenance_batch
-        return self._in_batches(maintain.retire_beyond_batch, channel_id, edge, batch)
+        batch = self._core.options.maintenance_batch
+        return self._core._in_batches(maintain.retire_beyond_batch, channel_id, edge, batch)
 
     # -- browsing -------------------------------------------------------------------------------
 
@@ -412,7 +421,7 @@ class OperatingClient(CoreClient):
         has this id (never published, or purged by TTL or :meth:`prune`).
         """
         message_id = _validate.message_id(id)
-        return self._run_timed("", browse.get_message, message_id)
+        return self._core._run_timed("", browse.get_message, message_id)
 
     def list_messages(
         self,
@@ -434,7 +443,9 @@ class OperatingClient(CoreClient):
         after = _validate.after_id(after_id)
         since_us = None if since is None else to_us(_validate.moment(since, "since"))
         until_us = None if until is None else to_us(_validate.moment(until, "until"))
-        return self._run_timed("", browse.list_messages, topic, since_us, until_us, page, after)
+        return self._core._run_timed(
+            "", browse.list_messages, topic, since_us, until_us, page, after
+        )
 
     def cancel(self, message_id: int) -> int:
         """Delete the message's deliveries that were never attempted; return how many.
@@ -449,8 +460,8 @@ class OperatingClient(CoreClient):
         transaction.
         """
         wanted_id = _validate.message_id(message_id, "message_id")
-        cancelled, effects = self._run_timed("", browse.cancel, wanted_id)
-        self._apply(effects)
+        cancelled, effects = self._core._run_timed("", browse.cancel, wanted_id)
+        self._core._apply(effects)
         return cancelled
 
     # -- replay ---------------------------------------------------------------------------------
@@ -468,9 +479,9 @@ class OperatingClient(CoreClient):
         """
         wanted_id = _validate.message_id(message_id, "message_id")
         names = None if channels is None else _validate.names(channels, "channel")
-        ttl_us = int(self._default_ttl * US)
-        created, effects = self._run_timed("", browse.replay, wanted_id, names, ttl_us)
-        self._apply(effects)
+        ttl_us = int(self._core._default_ttl * US)
+        created, effects = self._core._run_timed("", browse.replay, wanted_id, names, ttl_us)
+        self._core._apply(effects)
         return created
 
     def replay_range(
@@ -489,11 +500,11 @@ class OperatingClient(CoreClient):
         first = to_us(_validate.moment(since, "since"))
         last = to_us(_validate.moment(until, "until"))
         names = None if channels is None else _validate.names(channels, "channel")
-        ttl_us = int(self._default_ttl * US)
-        created, effects = self._run_timed(
+        ttl_us = int(self._core._default_ttl * US)
+        created, effects = self._core._run_timed(
             "", browse.replay_range, topic, first, last, names, ttl_us
         )
-        self._apply(effects)
+        self._core._apply(effects)
         return created
 
     # -- prune ----------------------------------------------------------------------------------
@@ -507,15 +518,16 @@ class OperatingClient(CoreClient):
         Deleted deliveries, dead ones included, count as ``purged``.
         """
         cutoff = to_us(_validate.moment(before, "before"))
-        topic_ids = self._run_op("", browse.topic_ids)
+        topic_ids = self._core._run_op("", browse.topic_ids)
         if dry_run:
-            return self._run_op("", browse.prune_count, topic_ids, cutoff)
-        batch = self.options.maintenance_batch
+            return self._core._run_op("", browse.prune_count, topic_ids, cutoff)
+        batch = self._core.options.maintenance_batch
         total = sum(
-            self._in_batches(browse.prune_batch, topic_id, cutoff, batch) for topic_id in topic_ids
+            self._core._in_batches(browse.prune_batch, topic_id, cutoff, batch)
+            for topic_id in topic_ids
         )
         if total:
-            self.log.info("pruned %d messages published before %s", total, before.isoformat())
+            self._core.log.info("pruned %d messages published before %s", total, before.isoformat())
         return total
 
 

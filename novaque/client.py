@@ -2,20 +2,40 @@
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import sqlalchemy as sa
 
 from novaque import dialects
-from novaque._operate import OperatingClient
+from novaque._operate import Operations
 from novaque._runtime import RuntimeClient
 from novaque.errors import InvalidOption
 from novaque.options import Options
 
 __all__ = ["Client", "connect"]
 
+P = ParamSpec("P")
+T = TypeVar("T")
 
-class Client(RuntimeClient, OperatingClient):
+
+def _operators(
+    method: Callable[Concatenate[Operations, P], T],
+) -> Callable[Concatenate[Client, P], T]:
+    """The :class:`Client` method that forwards to ``method`` of the client's
+    :class:`~novaque._operate.Operations`: the same parameters, result, errors
+    and documentation."""
+
+    def call(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return method(self._operations, *args, **kwargs)
+
+    functools.update_wrapper(call, method)
+    call.__qualname__ = f"Client.{method.__name__}"
+    return call
+
+
+class Client(RuntimeClient):
     """A handle on novaque's tables in the database behind ``engine``.
 
     ``Client(engine, options=None)`` touches no database. The first call that
@@ -27,6 +47,34 @@ class Client(RuntimeClient, OperatingClient):
     the same file, so that it can take the write lock up front (``BEGIN
     IMMEDIATE``) without changing how the application's engine behaves.
     """
+
+    def __init__(self, engine: sa.Engine, options: Options | None = None) -> None:
+        super().__init__(engine, options)
+        #: The operator's calls (counters, backlog, dead letters, browsing,
+        #: replay, prune), forwarded to below.
+        self._operations = Operations(self)
+
+    # -- the operator's calls (novaque._operate) -------------------------------------------
+
+    channel_counters = _operators(Operations.channel_counters)
+    topic_counters = _operators(Operations.topic_counters)
+    daily_counters = _operators(Operations.daily_counters)
+    minute_counters = _operators(Operations.minute_counters)
+    list_consumers = _operators(Operations.list_consumers)
+    channel_backlog = _operators(Operations.channel_backlog)
+    topic_backlog = _operators(Operations.topic_backlog)
+    list_dead = _operators(Operations.list_dead)
+    requeue_dead = _operators(Operations.requeue_dead)
+    delete_dead = _operators(Operations.delete_dead)
+    enforce_dead_retention = _operators(Operations.enforce_dead_retention)
+    get_message = _operators(Operations.get_message)
+    list_messages = _operators(Operations.list_messages)
+    cancel = _operators(Operations.cancel)
+    replay = _operators(Operations.replay)
+    replay_range = _operators(Operations.replay_range)
+    prune = _operators(Operations.prune)
+
+    # -- accessors ----------------------------------------------------------------------
 
     @property
     def own_engine(self) -> sa.Engine:

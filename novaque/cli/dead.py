@@ -193,7 +193,7 @@ def _chunks(
     verb = "requeued" if action == "requeue" else "deleted"
     progress = Progress(verb, total, shown=shown)
     try:
-        chunks = client._dead_letter_chunks(
+        chunks = client._operations._dead_letter_chunks(
             action,
             args.topic,
             args.channel,
