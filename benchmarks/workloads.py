@@ -23,6 +23,7 @@ import novaque.aio
 from benchmarks._common import Deadline, Run, Sizes, age_ms, body, stamped_body
 from benchmarks._databases import Database, close_client
 from novaque import schema
+from novaque.dialects import pool_size_for
 
 T = TypeVar("T")
 
@@ -45,27 +46,13 @@ def make_client(
     large as ``connect`` would make (``Sizes.engine``)."""
     fields = client_options(sizes, **options)
     if sizes.engine == "plain":
-        engine = sa.create_engine(db.url, pool_size=_pool_size(fields))
+        engine = sa.create_engine(db.url, pool_size=pool_size_for(fields["max_in_flight"]))
         client = novaque.Client(engine, novaque.Options(**fields))
     else:
         client = novaque.connect(db.url, **fields)
     if start and hasattr(client, "start"):
         client.start()
     return client
-
-
-def _pool_size(fields: dict[str, Any]) -> int:
-    """The pool ``connect`` sizes for the consumers' workers (a plain engine's
-    default of 5 would make them wait for connections)."""
-    return max(5, int(fields["max_in_flight"]) + 4)
-
-
-#: The asyncio driver of each backend (what ``novaque.aio.connect`` picks).
-ASYNC_DRIVERS = {
-    "postgres": "postgresql+psycopg",
-    "mysql": "mysql+asyncmy",
-    "sqlite": "sqlite+aiosqlite",
-}
 
 
 def consumer_kind(client: novaque.Client) -> str:
@@ -330,10 +317,13 @@ class AioSide(SyncSide):
 
 
 async def _aio_connect(db: Database, sizes: Sizes, start: bool) -> novaque.aio.AsyncClient:
-    url = sa.make_url(db.url).set(drivername=ASYNC_DRIVERS[db.backend])
+    # Without the sync driver's name, the asyncio one novaque.aio.connect
+    # picks (psycopg's async mode, asyncmy, aiosqlite).
+    url = sa.make_url(db.url)
+    url = novaque.aio._async_url(url.set(drivername=url.get_backend_name()))
     fields = client_options(sizes)
     if sizes.engine == "plain":
-        engine = create_async_engine(url, pool_size=_pool_size(fields))
+        engine = create_async_engine(url, pool_size=pool_size_for(fields["max_in_flight"]))
         client = novaque.aio.AsyncClient(engine, novaque.Options(**fields))
     else:
         client = novaque.aio.connect(url, **fields)

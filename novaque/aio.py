@@ -450,7 +450,7 @@ def connect(url: str | sa.URL, **option_fields: Any) -> AsyncClient:
     """
     options = Options(**option_fields)
     parsed = _async_url(sa.make_url(url))
-    pool_size = max(5, options.max_in_flight + 4)
+    pool_size = dialects.pool_size_for(options.max_in_flight)
     try:
         sync_engine = dialects.create_engine(parsed, pool_size=pool_size, asynchronous=True)
     except sa.exc.InvalidRequestError as exc:

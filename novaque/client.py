@@ -135,8 +135,7 @@ def connect(url: str | sa.URL, **option_fields: Any) -> Client:
     are rolled back on return to the pool only when a transaction is open.
     """
     options = Options(**option_fields)
-    pool_size = max(5, options.max_in_flight + 4)
-    engine = dialects.create_engine(url, pool_size=pool_size)
+    engine = dialects.create_engine(url, pool_size=dialects.pool_size_for(options.max_in_flight))
     if engine.dialect.is_async:
         engine.dispose()
         raise InvalidOption(

@@ -18,7 +18,13 @@ Nothing outside this package branches on the database.
 from __future__ import annotations
 
 from novaque.dialects.base import NOTIFY_CHANNEL, ClaimedRow, Dialect, NotifyListener
-from novaque.dialects.engines import class_for, create_engine, for_engine, own_engine
+from novaque.dialects.engines import (
+    class_for,
+    create_engine,
+    for_engine,
+    own_engine,
+    pool_size_for,
+)
 from novaque.dialects.mysql import MySQLDialect
 from novaque.dialects.postgres import PostgresDialect
 from novaque.dialects.sqlite import SQLiteDialect
@@ -35,4 +41,5 @@ __all__ = [
     "create_engine",
     "for_engine",
     "own_engine",
+    "pool_size_for",
 ]

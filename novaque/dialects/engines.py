@@ -273,6 +273,13 @@ def missing_driver(
     return error
 
 
+def pool_size_for(max_in_flight: int) -> int:
+    """The pool ``connect`` builds: a connection for each of a consumer's
+    ``max_in_flight`` workers, and four for the claim loop, maintenance, the
+    listener and the application's publishes (five at least)."""
+    return max(5, max_in_flight + 4)
+
+
 def create_engine(url: str | sa.URL, pool_size: int, *, asynchronous: bool = False) -> sa.Engine:
     """Build an engine for ``url`` with the settings novaque runs best with.
 
