@@ -6,10 +6,10 @@ order and left after a batch, whatever the backlog. PostgreSQL takes that
 way only while its statistics tell it the channel holds many rows. When they
 tell it "a row or two" (statistics taken while the table was empty: a
 fresh deploy, a table just drained), a bitmap scan followed by a sort looks
-as cheap, and that reads and
-sorts the channel's whole backlog on every claim: 14 ms for a claim of 10
-from 20,000 deliveries against 0.07 ms, growing with the backlog, until
-autovacuum analyzes the table again (issue 13).
+as cheap, and that reads and sorts the channel's whole backlog on every
+claim: 14 ms for a claim of 10 from 20,000 deliveries against 0.07 ms,
+growing with the backlog, until autovacuum analyzes the table again (issue
+13).
 
 ``novaque_claim_pick`` runs the pick with ``enable_sort = off``: a plan that
 needs a sort is priced out, and the only one left that yields the order is
@@ -40,7 +40,7 @@ down_revision = "0006"
 branch_labels = None
 depends_on = None
 
-# States and columns as of this revision (migrations keep their own copy).
+# The tables and columns as of this revision (a migration keeps its own SQL).
 CREATE = """
 CREATE FUNCTION novaque_claim_pick(
     p_channel integer, p_now bigint, p_limit integer, p_skip bigint[]
