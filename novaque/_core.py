@@ -79,6 +79,9 @@ if hasattr(os, "register_at_fork"):
 T = TypeVar("T")
 P = ParamSpec("P")
 
+#: How a long poll waits: ``(topic, channel, fetch, wait_s)`` → what ``fetch`` found.
+LongPoll = Callable[[str, str, Callable[[], list[Message]], float], list[Message]]
+
 d = deliveries
 MAX_CLAIM = 1000
 #: How long a cached channel id is trusted when claims come back empty.
@@ -155,6 +158,12 @@ class CoreClient:
         )
         #: What a maintenance pass runs after the TTL purge (_add_purge_pass).
         self._purge_passes: list[Callable[[], int]] = []
+        #: Told when counters arrive in the empty buffer (_add_counters_listener).
+        self._counters_listeners: list[Callable[[], None]] = []
+        #: How ``claim(wait=)`` and ``pop(wait=)`` wait (_set_long_poll).
+        self._long_poller: LongPoll | None = None
+        #: Set by :func:`novaque.connect`: the engine is novaque's to dispose.
+        self._owns_engine = False
 
     def __repr__(self) -> str:
         return f"<novaque.Client {self._dialect.name} {self.engine.url.render_as_string()}>"
@@ -205,8 +214,16 @@ class CoreClient:
         return self._executor_type(engine, self._dialect)
 
     def _counters_added(self) -> None:
-        """Counters arrived in the empty buffer: they are flushed at exit at the latest."""
+        """Counters arrived in the empty buffer: they are flushed at exit at the
+        latest, and sooner by whoever :meth:`_add_counters_listener` added."""
         _unflushed.add(self)
+        for listener in self._counters_listeners:
+            listener()
+
+    def _add_counters_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` whenever counters arrive in the empty buffer (the
+        runtime starts its stats flusher then)."""
+        self._counters_listeners.append(listener)
 
     def _run(self, fn: Callable[[sa.Connection], T], *, op: str = "") -> T:
         """Run ``fn`` in one of novaque's transactions.
@@ -613,6 +630,13 @@ class CoreClient:
 
     # -- topology ---------------------------------------------------------------------
 
+    def _wake_all(self) -> None:
+        """Wake every waiter of every topic (a wake-up may have been missed)."""
+        with self._wake_lock:
+            wakers = [w for found in self._wakers.values() for w in found]
+        for waker in wakers:
+            waker()
+
     def _channel_id(self, topic: str, channel: str) -> int:
         """A channel's id for the hot path, cached (see :data:`CHANNEL_CACHE_S`)."""
         cached = self._channel_cache.get((topic, channel))
@@ -883,8 +907,14 @@ class CoreClient:
     ) -> list[Message]:
         """Call ``fetch`` (of ``topic``/``channel``) until it returns something, or
         return ``[]`` once ``wait_s`` seconds of real time have passed (the
-        runtime's: :class:`~novaque._runtime.RuntimeClient`)."""
-        raise NotImplementedError
+        wait is the runtime's: :meth:`_set_long_poll`)."""
+        if self._long_poller is None:
+            raise RuntimeError("this client has no runtime to wait with")
+        return self._long_poller(topic, channel, fetch, wait_s)
+
+    def _set_long_poll(self, long_poll: LongPoll) -> None:
+        """Wait with ``long_poll`` in ``claim(wait=)`` and ``pop(wait=)``."""
+        self._long_poller = long_poll
 
     def pop(
         self,
@@ -1164,6 +1194,24 @@ class CoreClient:
         msg.lease_expires_at = from_us(until)
         return msg.lease_expires_at
 
+    def _release(self, msgs: Sequence[Message]) -> int:
+        """Release leased, unstarted deliveries at once; their attempt is not counted."""
+        return self._run_timed("", consume.release, msgs)
+
+    def release(self, msgs: Sequence[Message]) -> int:
+        """Give leased deliveries back at once, without counting their attempt.
+
+        For a consumer of its own that claimed more than it will handle (a
+        prefetch buffer given back at shutdown): the deliveries are due again
+        at once and their ``attempts`` are as before the claim. Messages whose
+        lease is no longer current are left alone (no :class:`LeaseLost`);
+        returns how many were released. Use :meth:`requeue` for a message
+        that was worked on.
+        """
+        if not msgs:
+            return 0
+        return self._release(msgs)
+
     # -- maintenance ------------------------------------------------------------------
 
     def run_maintenance(self) -> None:
@@ -1261,6 +1309,25 @@ class CoreClient:
         once per heartbeat."""
         before = self._now() - int(3 * self._consumer_heartbeat * US)
         return self._run_op("", presence.forget_stale, before)
+
+    # -- connections ------------------------------------------------------------------
+
+    def _close(self) -> None:
+        """Flush the buffered stats, then close the connections of the engines
+        novaque opened itself (the end of ``shutdown()``; calls after it open
+        new ones)."""
+        try:
+            self.flush_stats()
+        except Exception as exc:
+            self.log.error(
+                "could not flush stats at shutdown (kept in memory): %s",
+                _validate.error_text(exc),
+            )
+        if self._executor.engine is not self.engine:
+            self._executor.engine.dispose()
+        self._executor.close()
+        if self._owns_engine:
+            self.engine.dispose()
 
 
 def _check_repeated_keys(

@@ -1,6 +1,6 @@
 """Consumers online, the client's side: each running consumer's row, kept fresh.
 
-A :class:`Presence` belongs to a :class:`~novaque._runtime.RuntimeClient`. A
+A :class:`Presence` belongs to a client's :class:`~novaque._runtime.Runtime`. A
 consumer that starts is registered at once (one INSERT); while any consumer of
 the client runs, one loop of the client's (a thread, or a task on the asyncio
 twin) refreshes every row each ``Options.consumer_heartbeat`` of real time with
@@ -27,7 +27,7 @@ from novaque._waits import Event, Runner
 from novaque.ops import presence
 
 if TYPE_CHECKING:
-    from novaque._runtime import RuntimeClient
+    from novaque._core import CoreClient
     from novaque.consumer import Consumer
 
 __all__ = ["Presence"]
@@ -57,7 +57,7 @@ if hasattr(os, "register_at_fork"):
 class Presence:
     """The rows of one client's running consumers (see the module docstring)."""
 
-    def __init__(self, client: RuntimeClient, interval_s: float) -> None:
+    def __init__(self, client: CoreClient, interval_s: float) -> None:
         self._client = client
         self.interval_s = interval_s
         self._lock = threading.Lock()

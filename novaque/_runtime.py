@@ -1,6 +1,7 @@
 """The running side of the client: consumers, maintenance loops, and wake-ups.
 
-:class:`RuntimeClient` adds to :class:`~novaque._core.CoreClient`:
+:class:`Runtime` is the part of :class:`novaque.Client` that runs things over
+its :class:`~novaque._core.CoreClient` (the client forwards to it):
 
 - ``subscribe`` / ``subscribe_and_start``, which make :class:`~novaque.Consumer`
   objects;
@@ -25,12 +26,8 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import TypeVar
-
-import sqlalchemy as sa
 
 from novaque import _validate
 from novaque._core import CoreClient
@@ -41,15 +38,10 @@ from novaque.consumer import Consumer, Handler, RetryDelay
 from novaque.dialects import NotifyListener
 from novaque.errors import InvalidOption, SchemaOutOfDate
 from novaque.models import Message
-from novaque.ops import consume
-from novaque.options import Backoff, Duration, Options, check_int, seconds, watch_interval
-from novaque.schema import deliveries
+from novaque.options import Backoff, Duration, check_int, seconds, watch_interval
 
-__all__ = ["RuntimeClient"]
+__all__ = ["Runtime"]
 
-_C = TypeVar("_C", bound="RuntimeClient")
-
-d = deliveries
 
 #: Largest ``max_in_flight`` of one consumer (it is also its number of threads).
 MAX_IN_FLIGHT = 1000
@@ -59,8 +51,6 @@ LISTEN_WAIT_S = 5.0
 INTERVAL_JITTER = 0.1
 
 
-# Give unstarted deliveries back without counting their attempt: the claim
-# counted it, nothing ran. Fenced by the token like every settle.
 @dataclass
 class _Job:
     name: str
@@ -80,38 +70,48 @@ class _Listening:
     conn: NotifyListener | None = None
 
 
-class RuntimeClient(CoreClient):
-    """Consumers, background maintenance and wake-ups on top of the core client."""
+class Runtime:
+    """Consumers, background maintenance and wake-ups over one client's core.
 
-    def __init__(self, engine: sa.Engine, options: Options | None = None) -> None:
-        super().__init__(engine, options)
-        self._runtime_lock = threading.Lock()
-        self._consumers: list[Consumer] = []
-        self._running_consumers: set[Consumer] = set()
-        self._maintenance: Runner | None = None
-        self._maintenance_stop = self._waits.event()
-        self._listening: _Listening | None = None
+    It holds no SQL and no operation: what it runs goes through ``core``'s
+    methods. It registers two things with the core: a counter arriving in
+    the empty buffer starts the stats flusher (unless maintenance runs), and
+    a long poll (``claim(wait=)``, ``pop(wait=)``) waits here.
+    """
+
+    def __init__(self, core: CoreClient) -> None:
+        self.core = core
+        self.log = core.log
+        self._waits = waits = core._waits
+        self._lock = threading.Lock()
+        #: Consumers that shut down with the client; those running now.
+        self.consumers: list[Consumer] = []
+        self._running: set[Consumer] = set()
+        self.maintenance: Runner | None = None
+        self._maintenance_stop = waits.event()
+        #: The wake-up loop's current run, while one is wanted.
+        self.listening: _Listening | None = None
         #: Long polls waiting now (they share the listener with the consumers).
         self._pollers = 0
         #: Seconds between two looks of the change watcher, or None: no watcher
         #: (PostgreSQL listens instead; ``Options.watch_interval=None``).
-        interval = self.options.watch_interval
-        self._watch_s: float | None = None
-        if self._dialect.supports_watch and interval is not None:
-            self._watch_s = watch_interval(interval, "Options.watch_interval")
+        interval = core.options.watch_interval
+        self.watch_s: float | None = None
+        if core._dialect.supports_watch and interval is not None:
+            self.watch_s = watch_interval(interval, "Options.watch_interval")
         # Counters of a client that runs no maintenance (a process that only
-        # publishes) are flushed by a thread of their own while there are any.
+        # publishes) are flushed by a loop of their own while there are any.
         self._flusher_lock = threading.Lock()
         self._flusher: Runner | None = None
-        self._flusher_stop = self._waits.event()
-        #: Set by :func:`novaque.connect`: the engine is novaque's to dispose.
-        self._owns_engine = False
+        self._flusher_stop = waits.event()
         #: Maintenance passes and errors, by job name (``reap``, ``purge``,
         #: ``flush``, ``prune``, ``errors``), and listener events: tests wait
         #: on these instead of sleeping.
-        self._runtime_signals = Signals()
+        self.signals = Signals()
         #: Consumers online: the rows of this client's running consumers.
-        self._presence = Presence(self, self._consumer_heartbeat)
+        self.presence = Presence(core, core._consumer_heartbeat)
+        core._add_counters_listener(self._counters_added)
+        core._set_long_poll(self.long_poll)
 
     # -- consumers ------------------------------------------------------------------
 
@@ -135,7 +135,7 @@ class RuntimeClient(CoreClient):
         The consumer is not started: call :meth:`Consumer.start`, or use
         :meth:`subscribe_and_start`.
         """
-        consumer = self._new_consumer(
+        consumer = self.new_consumer(
             topic,
             channel,
             handler,
@@ -144,12 +144,12 @@ class RuntimeClient(CoreClient):
             backoff=backoff,
             poll_interval=poll_interval,
         )
-        self.ensure_channel(topic, channel)
-        with self._runtime_lock:
-            self._consumers.append(consumer)
+        self.core.ensure_channel(topic, channel)
+        with self._lock:
+            self.consumers.append(consumer)
         return consumer
 
-    def _new_consumer(
+    def new_consumer(
         self,
         topic: str,
         channel: str,
@@ -163,25 +163,27 @@ class RuntimeClient(CoreClient):
     ) -> Consumer:
         """A consumer with its settings checked (no I/O); ``register``: shut
         down with the client from now on."""
+        options = self.core.options
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
         _validate.handler(handler, self._waits)
         workers = check_int(
-            self.options.max_in_flight if max_in_flight is None else max_in_flight,
+            options.max_in_flight if max_in_flight is None else max_in_flight,
             "max_in_flight",
             1,
             MAX_IN_FLIGHT,
         )
-        lease_s = _validate.lease(lease, self._default_lease)
-        policy = self.options.backoff if backoff is None else backoff
+        lease_s = _validate.lease(lease, self.core._default_lease)
+        policy = options.backoff if backoff is None else backoff
         if not isinstance(policy, Backoff):
             raise InvalidOption(f"backoff must be a novaque.Backoff, got {type(policy).__name__}")
         poll_s = seconds(
-            self.options.poll_interval if poll_interval is None else poll_interval,
+            options.poll_interval if poll_interval is None else poll_interval,
             "poll_interval",
             allow_zero=False,
         )
         consumer = Consumer(
+            self.core,
             self,
             topic,
             channel,
@@ -193,15 +195,15 @@ class RuntimeClient(CoreClient):
             channel_lease=lease is None,
         )
         if register:
-            with self._runtime_lock:
-                self._consumers.append(consumer)
+            with self._lock:
+                self.consumers.append(consumer)
         return consumer
 
-    def _start_consumer(self, consumer: Consumer) -> None:
+    def start_consumer(self, consumer: Consumer) -> None:
         """Create the consumer's channel if missing, then start it (the asyncio
         twin's ``subscribe`` does no I/O, so its consumers do this at start)."""
         if not consumer.running:
-            self.ensure_channel(consumer.topic, consumer.channel)
+            self.core.ensure_channel(consumer.topic, consumer.channel)
         consumer.start()
 
     def subscribe_and_start(
@@ -226,48 +228,30 @@ class RuntimeClient(CoreClient):
             poll_interval=poll_interval,
         ).start()
 
-    def _consumer_started(self, consumer: Consumer) -> None:
-        self._add_waker(consumer.topic, consumer._wake_up)
-        with self._runtime_lock:
-            self._running_consumers.add(consumer)
-            self._listen_locked()
-        self._presence.joined(consumer)
+    def consumer_started(self, consumer: Consumer) -> None:
+        self.core._add_waker(consumer.topic, consumer._wake_up)
+        with self._lock:
+            self._running.add(consumer)
+            self.listen_locked()
+        self.presence.joined(consumer)
 
-    def _consumer_stopped(self, consumer: Consumer) -> None:
-        self._remove_waker(consumer.topic, consumer._wake_up)
-        self._presence.left(consumer)
-        with self._runtime_lock:
-            self._running_consumers.discard(consumer)
-            if consumer in self._consumers:
-                self._consumers.remove(consumer)
+    def consumer_stopped(self, consumer: Consumer) -> None:
+        self.core._remove_waker(consumer.topic, consumer._wake_up)
+        self.presence.left(consumer)
+        with self._lock:
+            self._running.discard(consumer)
+            if consumer in self.consumers:
+                self.consumers.remove(consumer)
         self._stop_listener(timeout=5.0, unless_needed=True)
 
-    def _beat_consumers(self) -> None:
+    def beat_consumers(self) -> None:
         """Refresh the consumers online rows of this client's consumers now
         (what its heartbeat loop does every ``Options.consumer_heartbeat``)."""
-        self._presence.beat()
-
-    def _release(self, msgs: Sequence[Message]) -> int:
-        """Release leased, unstarted deliveries at once; their attempt is not counted."""
-        return self._run_timed("", consume.release, msgs)
-
-    def release(self, msgs: Sequence[Message]) -> int:
-        """Give leased deliveries back at once, without counting their attempt.
-
-        For a consumer of its own that claimed more than it will handle (a
-        prefetch buffer given back at shutdown): the deliveries are due again
-        at once and their ``attempts`` are as before the claim. Messages whose
-        lease is no longer current are left alone (no :class:`LeaseLost`);
-        returns how many were released. Use :meth:`requeue` for a message
-        that was worked on.
-        """
-        if not msgs:
-            return 0
-        return self._release(msgs)
+        self.presence.beat()
 
     # -- long polls -----------------------------------------------------------------
 
-    def _long_poll(
+    def long_poll(
         self, topic: str, channel: str, fetch: Callable[[], list[Message]], wait_s: float
     ) -> list[Message]:
         """Call ``fetch`` (of ``topic``/``channel``) until it returns something, or
@@ -280,16 +264,17 @@ class RuntimeClient(CoreClient):
         any long poll or consumer of the client waits. A missing channel
         raises before the wait begins.
         """
-        self._channel_id(topic, channel)
-        poll_s = seconds(self.options.poll_interval, "poll_interval", allow_zero=False)
+        core = self.core
+        core._channel_id(topic, channel)
+        poll_s = seconds(core.options.poll_interval, "poll_interval", allow_zero=False)
         deadline = time.monotonic() + wait_s
         woken = self._waits.event()
         wake = woken.set
-        self._add_waker(topic, wake)
-        with self._runtime_lock:
+        core._add_waker(topic, wake)
+        with self._lock:
             self._pollers += 1
-            self._listen_locked()
-        signals = self._runtime_signals
+            self.listen_locked()
+        signals = self.signals
         try:
             while True:
                 got = fetch()
@@ -303,31 +288,26 @@ class RuntimeClient(CoreClient):
                 woken.wait(min(left, jittered(poll_s)))
                 woken.clear()
         finally:
-            self._remove_waker(topic, wake)
-            with self._runtime_lock:
+            core._remove_waker(topic, wake)
+            with self._lock:
                 self._pollers -= 1
             self._stop_listener(timeout=5.0, unless_needed=True)
 
     # -- wake-ups -------------------------------------------------------------------
 
-    def _listen_locked(self) -> None:
+    def listen_locked(self) -> None:
         """Start the listener if the database pushes wake-ups (or the change
-        watcher where it does not) and it is not running (under ``_runtime_lock``)."""
-        listens = self._dialect.supports_notify or self._watch_s is not None
-        if listens and self._listening is None:
-            run = self._listening = _Listening(self._waits.event())
+        watcher where it does not) and it is not running (under ``_lock``)."""
+        listens = self.core._dialect.supports_notify or self.watch_s is not None
+        if listens and self.listening is None:
+            run = self.listening = _Listening(self._waits.event())
             run.loop = self._waits.spawn(lambda: self._listen_loop(run), "novaque-listener")
 
-    def _wake_all(self) -> None:
-        with self._wake_lock:
-            wakers = [w for found in self._wakers.values() for w in found]
-        for waker in wakers:
-            waker()
-
     def _open_listener(self) -> NotifyListener | None:
-        if self._watch_s is not None:
-            return self._executor.open_watcher(self._watch_s)
-        return self._executor.open_listener()
+        executor = self.core._executor
+        if self.watch_s is not None:
+            return executor.open_watcher(self.watch_s)
+        return executor.open_listener()
 
     def _listen_loop(self, run: _Listening) -> None:
         """Hold the client's one listening connection (or change watcher); wake
@@ -335,8 +315,8 @@ class RuntimeClient(CoreClient):
         stop = run.stop
         errors = RetryDelay()
         listener: NotifyListener | None = None
-        signals = self._runtime_signals
-        what = "NOTIFY listener" if self._watch_s is None else "change watcher"
+        signals = self.signals
+        what = "NOTIFY listener" if self.watch_s is None else "change watcher"
         try:
             while not stop.is_set():
                 try:
@@ -355,11 +335,11 @@ class RuntimeClient(CoreClient):
                         errors.reset()
                         signals.bump("listen_connected")
                         # Anything published while we were not listening was missed.
-                        self._wake_all()
+                        self.core._wake_all()
                         continue
                     topics = listener.wait(LISTEN_WAIT_S)
                     for topic in dict.fromkeys(topics):
-                        self._wake(topic)
+                        self.core._wake(topic)
                     if topics:
                         signals.bump("notified", len(topics))
                 except Exception as exc:
@@ -385,10 +365,10 @@ class RuntimeClient(CoreClient):
     def _stop_listener(self, timeout: float, *, unless_needed: bool = False) -> None:
         """Stop the listener; ``unless_needed``: only if no consumer runs and no
         long poll waits (checked under the lock that starts it)."""
-        with self._runtime_lock:
-            if unless_needed and (self._running_consumers or self._pollers):
+        with self._lock:
+            if unless_needed and (self._running or self._pollers):
                 return
-            run, self._listening = self._listening, None
+            run, self.listening = self.listening, None
         if run is None:
             return
         run.stop.set()
@@ -415,32 +395,34 @@ class RuntimeClient(CoreClient):
         it; any other error of that first check is left to the loops' retries.
         """
         try:
-            self._ready()
+            self.core._ready()
         except SchemaOutOfDate:
             raise
         except Exception:  # e.g. the database not reachable yet: the loops retry
             pass
-        with self._runtime_lock:
-            if self._maintenance is not None and self._maintenance.is_alive():
+        with self._lock:
+            if self.maintenance is not None and self.maintenance.is_alive():
                 return
             self._maintenance_stop.clear()
-            self._maintenance = self._waits.spawn(self._maintenance_loop, "novaque-maintenance")
+            self.maintenance = self._waits.spawn(self._maintenance_loop, "novaque-maintenance")
         self.log.info("novaque maintenance started")
 
     def _maintenance_jobs(self) -> list[_Job]:
-        o = self.options
+        core = self.core
+        o = core.options
         return [
             _Job("reap", seconds(o.reap_interval, "reap_interval"), self._reap_pass),
-            _Job("purge", seconds(o.purge_interval, "purge_interval"), self._purge_pass),
-            _Job("flush", seconds(o.stats_flush_interval, "flush"), self.flush_stats),
-            _Job("prune", seconds(o.stats_prune_interval, "prune"), self.prune_stats),
-            _Job("consumers", self._consumer_heartbeat, self.forget_stale_consumers),
+            _Job("purge", seconds(o.purge_interval, "purge_interval"), core._purge_pass),
+            _Job("flush", seconds(o.stats_flush_interval, "flush"), core.flush_stats),
+            _Job("prune", seconds(o.stats_prune_interval, "prune"), core.prune_stats),
+            _Job("consumers", core._consumer_heartbeat, core.forget_stale_consumers),
         ]
 
     def _counters_added(self) -> None:
-        super()._counters_added()
+        """Counters arrived in the empty buffer: flush them on a loop of their
+        own unless maintenance runs (which flushes them)."""
         with self._flusher_lock:
-            if self._maintenance is not None or (
+            if self.maintenance is not None or (
                 self._flusher is not None and self._flusher.is_alive()
             ):
                 return
@@ -449,12 +431,13 @@ class RuntimeClient(CoreClient):
     def _flush_loop(self) -> None:
         """Flush every ``stats_flush_interval`` until nothing is left (or maintenance
         took over); the next counter starts the loop again."""
-        interval = seconds(self.options.stats_flush_interval, "stats_flush_interval")
+        core = self.core
+        interval = seconds(core.options.stats_flush_interval, "stats_flush_interval")
         errors = RetryDelay()
         wait = interval
         while not self._flusher_stop.wait(wait):
             try:
-                self.flush_stats()
+                core.flush_stats()
             except Exception as exc:
                 self.log.error(
                     "could not flush stats (kept in memory, retrying): %s",
@@ -466,7 +449,7 @@ class RuntimeClient(CoreClient):
             errors.reset()
             wait = interval
             with self._flusher_lock:
-                if not self._stats or self._maintenance is not None:
+                if not core._stats or self.maintenance is not None:
                     self._flusher = None
                     return
 
@@ -479,13 +462,14 @@ class RuntimeClient(CoreClient):
         self._flusher_stop.clear()
 
     def _reap_pass(self) -> int:
-        self._ready()
-        self._resample_clock()
-        return self.reap_leases()
+        core = self.core
+        core._ready()
+        core._resample_clock()
+        return core.reap_leases()
 
     def _maintenance_loop(self) -> None:
         jobs = self._maintenance_jobs()
-        signals = self._runtime_signals
+        signals = self.signals
         stop = self._maintenance_stop
         while not stop.is_set():
             now = time.monotonic()
@@ -524,16 +508,15 @@ class RuntimeClient(CoreClient):
         new connections, and :meth:`start` starts maintenance again.
         """
         deadline = time.monotonic() + timeout
-        with self._runtime_lock:
-            consumers = list(self._consumers)
+        with self._lock:
+            consumers = list(self.consumers)
         stopping = [c for c in consumers if c._begin_shutdown()]
         for consumer in stopping:
             consumer._finish_shutdown(deadline)
-        with self._runtime_lock:
-            self._consumers = [c for c in self._consumers if c.running]
-        with self._runtime_lock:
-            thread = self._maintenance
-            self._maintenance = None
+        with self._lock:
+            self.consumers = [c for c in self.consumers if c.running]
+            thread = self.maintenance
+            self.maintenance = None
             self._maintenance_stop.set()
         if thread is not None:
             thread.join(max(1.0, deadline - time.monotonic()))
@@ -541,30 +524,6 @@ class RuntimeClient(CoreClient):
                 self.log.warning("novaque maintenance did not stop within the timeout")
         self._stop_listener(timeout=max(1.0, deadline - time.monotonic()))
         self._stop_flusher(timeout=max(1.0, deadline - time.monotonic()))
-        try:
-            self.flush_stats()
-        except Exception as exc:
-            self.log.error(
-                "could not flush stats at shutdown (kept in memory): %s",
-                _validate.error_text(exc),
-            )
-        if self._executor.engine is not self.engine:
-            self._executor.engine.dispose()
-        self._executor.close()
-        if self._owns_engine:
-            self.engine.dispose()
+        self.core._close()
         if thread is not None or stopping:
             self.log.info("novaque client shut down")
-
-    def __enter__(self: _C) -> _C:
-        """``with client:`` starts maintenance and shuts everything down at the end."""
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.shutdown()

@@ -237,7 +237,7 @@ class AsyncClient:
         """
         return AsyncConsumer(
             self,
-            self._core._new_consumer(
+            self._core._runtime.new_consumer(
                 topic,
                 channel,
                 handler,
@@ -385,7 +385,7 @@ class AsyncConsumer:
     async def start(self) -> AsyncConsumer:
         """Create the topic and the channel if missing, and start claiming and
         handling messages; returns the consumer (see :meth:`novaque.Consumer.start`)."""
-        await bridged(self._client._core._start_consumer, self._consumer)
+        await bridged(self._client._core._runtime.start_consumer, self._consumer)
         return self
 
     async def shutdown(self, timeout: float = 10.0) -> None:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import sqlalchemy as sa
 
 from novaque import dialects
+from novaque._core import CoreClient
 from novaque._operate import Operations
-from novaque._runtime import RuntimeClient
+from novaque._runtime import Runtime
 from novaque.errors import InvalidOption
 from novaque.options import Options
 
@@ -18,24 +21,26 @@ __all__ = ["Client", "connect"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
+_C = TypeVar("_C", bound="Client")
 
 
-def _operators(
-    method: Callable[Concatenate[Operations, P], T],
+def _forward(
+    part: str, method: Callable[Concatenate[Any, P], T]
 ) -> Callable[Concatenate[Client, P], T]:
     """The :class:`Client` method that forwards to ``method`` of the client's
-    :class:`~novaque._operate.Operations`: the same parameters, result, errors
-    and documentation."""
+    part ``part`` (its operations or its runtime): the same parameters,
+    result, errors and documentation."""
+    get = operator.attrgetter(part)
 
     def call(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return method(self._operations, *args, **kwargs)
+        return method(get(self), *args, **kwargs)
 
     functools.update_wrapper(call, method)
     call.__qualname__ = f"Client.{method.__name__}"
     return call
 
 
-class Client(RuntimeClient):
+class Client(CoreClient):
     """A handle on novaque's tables in the database behind ``engine``.
 
     ``Client(engine, options=None)`` touches no database. The first call that
@@ -53,26 +58,48 @@ class Client(RuntimeClient):
         #: The operator's calls (counters, backlog, dead letters, browsing,
         #: replay, prune), forwarded to below.
         self._operations = Operations(self)
+        #: Consumers, the maintenance loop and wake-ups, forwarded to below.
+        self._runtime = Runtime(self)
+
+    # -- the runtime (novaque._runtime) ---------------------------------------------------
+
+    subscribe = _forward("_runtime", Runtime.subscribe)
+    subscribe_and_start = _forward("_runtime", Runtime.subscribe_and_start)
+    start = _forward("_runtime", Runtime.start)
+    shutdown = _forward("_runtime", Runtime.shutdown)
+
+    def __enter__(self: _C) -> _C:
+        """``with client:`` starts maintenance and shuts everything down at the end."""
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.shutdown()
 
     # -- the operator's calls (novaque._operate) -------------------------------------------
 
-    channel_counters = _operators(Operations.channel_counters)
-    topic_counters = _operators(Operations.topic_counters)
-    daily_counters = _operators(Operations.daily_counters)
-    minute_counters = _operators(Operations.minute_counters)
-    list_consumers = _operators(Operations.list_consumers)
-    channel_backlog = _operators(Operations.channel_backlog)
-    topic_backlog = _operators(Operations.topic_backlog)
-    list_dead = _operators(Operations.list_dead)
-    requeue_dead = _operators(Operations.requeue_dead)
-    delete_dead = _operators(Operations.delete_dead)
-    enforce_dead_retention = _operators(Operations.enforce_dead_retention)
-    get_message = _operators(Operations.get_message)
-    list_messages = _operators(Operations.list_messages)
-    cancel = _operators(Operations.cancel)
-    replay = _operators(Operations.replay)
-    replay_range = _operators(Operations.replay_range)
-    prune = _operators(Operations.prune)
+    channel_counters = _forward("_operations", Operations.channel_counters)
+    topic_counters = _forward("_operations", Operations.topic_counters)
+    daily_counters = _forward("_operations", Operations.daily_counters)
+    minute_counters = _forward("_operations", Operations.minute_counters)
+    list_consumers = _forward("_operations", Operations.list_consumers)
+    channel_backlog = _forward("_operations", Operations.channel_backlog)
+    topic_backlog = _forward("_operations", Operations.topic_backlog)
+    list_dead = _forward("_operations", Operations.list_dead)
+    requeue_dead = _forward("_operations", Operations.requeue_dead)
+    delete_dead = _forward("_operations", Operations.delete_dead)
+    enforce_dead_retention = _forward("_operations", Operations.enforce_dead_retention)
+    get_message = _forward("_operations", Operations.get_message)
+    list_messages = _forward("_operations", Operations.list_messages)
+    cancel = _forward("_operations", Operations.cancel)
+    replay = _forward("_operations", Operations.replay)
+    replay_range = _forward("_operations", Operations.replay_range)
+    prune = _forward("_operations", Operations.prune)
 
     # -- accessors ----------------------------------------------------------------------
 

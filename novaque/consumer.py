@@ -45,7 +45,7 @@ from novaque.errors import LeaseLost, SchemaOutOfDate
 from novaque.models import Message
 from novaque.options import Backoff
 
-__all__ = ["Consumer", "ConsumerHost", "Handler"]
+__all__ = ["Consumer", "ConsumerHost", "ConsumerRuntime", "Handler"]
 
 #: A message handler: return to ack, raise to retry, raise Reject to dead-letter,
 #: Defer to set the message aside, Snooze(delay) to put it back for a while.
@@ -56,7 +56,7 @@ class ConsumerHost(Protocol):
     """What a consumer needs of its client: the one narrow door it goes through.
 
     Claiming (with the acks that ride along), settling, renewing, releasing
-    unstarted deliveries, the clock, and being told of its start and stop.
+    unstarted deliveries, and the clock.
     """
 
     log: logging.Logger
@@ -94,9 +94,14 @@ class ConsumerHost(Protocol):
 
     def _release(self, msgs: list[Message]) -> int: ...
 
-    def _consumer_started(self, consumer: Consumer) -> None: ...
 
-    def _consumer_stopped(self, consumer: Consumer) -> None: ...
+class ConsumerRuntime(Protocol):
+    """Who runs the consumer (the client's runtime): told of its start and
+    stop, so that it wakes it, lists it online and shuts it down with the client."""
+
+    def consumer_started(self, consumer: Consumer) -> None: ...
+
+    def consumer_stopped(self, consumer: Consumer) -> None: ...
 
 
 #: First and largest wait (seconds) after a database error in a background loop.
@@ -172,6 +177,7 @@ class Consumer:
     def __init__(
         self,
         client: ConsumerHost,
+        runtime: ConsumerRuntime,
         topic: str,
         channel: str,
         handler: Handler,
@@ -191,6 +197,7 @@ class Consumer:
         self.backoff = backoff
         self.poll_interval = poll_interval
         self._client = client
+        self._runtime = runtime
         self._log = client.log
         waits = self._waits = client._waits
         # Held only between two waits, never across one (a task must not hold
@@ -262,7 +269,7 @@ class Consumer:
             "settle": [spawn(self._settle_loop, f"novaque-settle {name}")],
             "heartbeat": [spawn(self._heartbeat_loop, f"novaque-heartbeat {name}")],
         }
-        self._client._consumer_started(self)
+        self._runtime.consumer_started(self)
         self._log.info(
             "consumer of %s/%s started (max_in_flight=%d, lease=%gs)",
             self.topic,
@@ -333,7 +340,7 @@ class Consumer:
                 self.channel,
                 unsettled,
             )
-        self._client._consumer_stopped(self)
+        self._runtime.consumer_stopped(self)
         self._log.info("consumer of %s/%s stopped", self.topic, self.channel)
 
     def _join(self, group: str, deadline: float) -> None:

@@ -82,6 +82,8 @@ class SyncTwin:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             found = getattr(self.aio._core, name)
+            if name == "_runtime":
+                return _Part(found, self._bridge)
             if inspect.ismethod(found) and name not in _PLAIN:
                 return self._bridge(found)
             return found
@@ -129,6 +131,19 @@ class SyncTwin:
         self.shutdown(timeout=10)
         self._loop.run(self.aio.engine.dispose())
         self.engine.dispose()
+
+
+class _Part:
+    """A part of the twin's client (its runtime) as tests see it: attributes as
+    they are, methods run inside the greenlet bridge on the loop."""
+
+    def __init__(self, part: object, bridge: Callable[[Callable[..., Any]], Callable[..., Any]]):
+        self._part = part
+        self._bridge = bridge
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._part, name)
+        return self._bridge(found) if inspect.ismethod(found) else found
 
 
 class TwinConsumer:

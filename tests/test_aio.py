@@ -273,7 +273,7 @@ def test_a_sync_publisher_wakes_an_async_consumer_through_notify(backend: Backen
             handled.set()
 
         consumer = await client.subscribe_and_start("t", "c", handler, poll_interval=3600)
-        signals = client._core._runtime_signals
+        signals = client._core._runtime.signals
         while not signals.count("listen_connected") or not consumer._signals.count("polls"):
             await asyncio.sleep(0.01)
         # From a thread, as another process's sync client would.

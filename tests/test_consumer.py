@@ -366,7 +366,7 @@ def test_notify_wakes_an_idle_consumer_of_another_client(backend: Backend) -> No
     producer_side = backend.client()  # its own engine: no local wake-up
     handler = Recorder()
     consumer = consumer_side.subscribe_and_start("t", "c", handler, poll_interval=3600)
-    signals = consumer_side._runtime_signals
+    signals = consumer_side._runtime.signals
     waited(signals.wait("listen_connected", 1, WAIT), "the listener")
     waited(consumer._signals.wait("polls", 1, WAIT), "the first claim pass")
     producer_side.publish("t", b"over the wire")
@@ -383,7 +383,7 @@ def test_the_listener_reconnects_when_its_connection_is_killed(backend: Backend)
     producer_side = backend.client()
     handler = Recorder()
     consumer = consumer_side.subscribe_and_start("t", "c", handler, poll_interval=3600)
-    signals = consumer_side._runtime_signals
+    signals = consumer_side._runtime.signals
     waited(signals.wait("listen_connected", 1, WAIT), "the listener")
     with producer_side.engine.connect() as conn:
         conn.exec_driver_sql(

@@ -87,8 +87,8 @@ def test_the_heartbeat_refreshes_the_row_with_the_load(backend: Backend, clock: 
         client.publish("t", b"x")
         waited(started.wait(WAIT), "the handler to start")
         clock.advance(7)
-        beats = client._presence.signals.count("beats")
-        waited(client._presence.signals.wait("beats", beats + 2, WAIT), "two heartbeats")
+        beats = client._runtime.presence.signals.count("beats")
+        waited(client._runtime.presence.signals.wait("beats", beats + 2, WAIT), "two heartbeats")
         [after] = client.list_consumers()
         assert after.in_flight == 1
         assert after.started_at == before.started_at
@@ -110,7 +110,7 @@ def test_maintenance_drops_consumers_not_seen_for_three_heartbeats(
         assert client.forget_stale_consumers() == 1
         assert client.list_consumers() == []
         # A consumer that was only stalled registers again at its next beat.
-        client._beat_consumers()
+        client._runtime.beat_consumers()
         [again] = client.list_consumers()
         assert again.started_at == clock()
     finally:
@@ -131,8 +131,8 @@ def test_a_consumer_that_cannot_register_at_start_registers_at_its_next_beat(
     try:
         assert consumer.running
         assert client.list_consumers() == []
-        assert client._presence.signals.count("errors") == 1
-        client._beat_consumers()
+        assert client._runtime.presence.signals.count("errors") == 1
+        client._runtime.beat_consumers()
         assert len(client.list_consumers()) == 1
     finally:
         consumer.shutdown()
@@ -178,7 +178,7 @@ def test_a_forked_child_forgets_its_parents_consumers(client: novaque.Client) ->
     from novaque import _presence
 
     consumer = client.subscribe_and_start("t", "c", Recorder())
-    presence = client._presence
+    presence = client._runtime.presence
     loop = presence._loop
     assert loop is not None
     _presence._forget_in_child()  # what os.fork runs in the child

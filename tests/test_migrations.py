@@ -198,7 +198,7 @@ def test_a_worker_started_before_migrate_gets_one_clear_error(
         # one exception, not the driver's "no such table" chained under it
         assert out.value.__cause__ is None, name
         assert out.value.__context__ is None or out.value.__suppress_context__, name
-    assert client._maintenance is None  # start() refused before starting anything
+    assert client._runtime.maintenance is None  # start() refused before starting anything
     client.migrate()
     client.start()
     client.shutdown()

@@ -26,12 +26,12 @@ FAST = {
 
 
 def passes(client: novaque.Client) -> dict[str, int]:
-    return client._runtime_signals.snapshot()
+    return client._runtime.signals.snapshot()
 
 
 def wait_passes(client: novaque.Client, *jobs: str, more: int = 2) -> None:
     """Wait until each job ran ``more`` more passes than now."""
-    signals = client._runtime_signals
+    signals = client._runtime.signals
     target = {job: signals.count(job) + more for job in jobs}
     waited(
         signals.wait_until(lambda c: all(c[j] >= n for j, n in target.items()), WAIT),
@@ -77,7 +77,7 @@ def test_start_runs_every_maintenance_job_repeatedly(backend: Backend, clock: Fa
     assert (totals["published"], totals["dead"], totals["purged"]) == (2, 1, 1)
     assert passes(client).get("errors", 0) == 0
     client.shutdown()
-    assert client._maintenance is None
+    assert client._runtime.maintenance is None
 
 
 @pytest.mark.sync_only
@@ -96,8 +96,8 @@ def test_a_failing_job_is_logged_at_error_and_tried_again(
     monkeypatch.setattr(client, "reap_leases", flaky_reap)
     with caplog.at_level(logging.ERROR, logger="novaque"):
         client.start()
-        waited(client._runtime_signals.wait("reap", 1, WAIT), "a reap pass after the failures")
-    assert client._runtime_signals.count("reap_errors") == 2
+        waited(client._runtime.signals.wait("reap", 1, WAIT), "a reap pass after the failures")
+    assert client._runtime.signals.count("reap_errors") == 2
     logged = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert [r.getMessage() for r in logged] == [
         "maintenance job reap failed (retrying): RuntimeError: database went away",
@@ -105,7 +105,7 @@ def test_a_failing_job_is_logged_at_error_and_tried_again(
     ]
     assert logged[0].exc_info is not None  # the first failure in a row has its traceback
     # The other jobs did not wait for the failing one.
-    assert client._runtime_signals.count("flush") >= 1
+    assert client._runtime.signals.count("flush") >= 1
     client.shutdown()
 
 
@@ -147,7 +147,7 @@ def test_with_client_starts_and_shuts_everything_down(backend: Backend) -> None:
     handler = Recorder()
     with client as entered:
         assert entered is client
-        thread = client._maintenance
+        thread = client._runtime.maintenance
         assert thread is not None
         assert thread.is_alive()
         consumer = client.subscribe_and_start("t", "c", handler, poll_interval=0.02)
@@ -155,7 +155,7 @@ def test_with_client_starts_and_shuts_everything_down(backend: Backend) -> None:
         waited(consumer._signals.wait("acked", 1, WAIT), "the ack")
     assert not thread.is_alive()
     assert not consumer.running
-    assert client._consumers == []
+    assert client._runtime.consumers == []
     # The counters buffered by the consumer were flushed at shutdown.
     assert counter_totals(backend)["acked"] == 1
 
@@ -190,7 +190,7 @@ def test_an_applications_engine_is_left_open(backend: Backend) -> None:
 def test_shutdown_without_start_is_harmless(client: novaque.Client) -> None:
     client.shutdown()
     client.shutdown(timeout=0)
-    assert client._maintenance is None
+    assert client._runtime.maintenance is None
 
 
 @pytest.mark.sync_only

@@ -417,7 +417,7 @@ def test_a_waiting_call_is_woken_by_a_publish_of_its_client(
     # Idle waits of at least 1800 s: only a wake-up returns the call in time.
     client = backend.client(clock=clock, poll_interval=3600)
     client.ensure_channel("t", "c")
-    signals = client._runtime_signals
+    signals = client._runtime.signals
     poll = InThread(lambda: getattr(client, call)("t", "c", max_messages=5, wait=WAIT))
     waited(signals.wait("long_poll_fetches", 1, WAIT), "the first, empty fetch")
     message_id = client.publish("t", b"wake up")
@@ -435,14 +435,14 @@ def test_a_wake_up_before_the_first_fetch_is_kept(
     # first idle wait, as the listener may have missed a publish until then.
     client = backend.client(poll_interval=3600, watch_interval=None)
     client.ensure_channel("t", "c")
-    listen = client._listen_locked
+    listen = client._runtime.listen_locked
 
     def listen_and_wake_at_once() -> None:
         listen()
         client._wake_all()
 
-    monkeypatch.setattr(client, "_listen_locked", listen_and_wake_at_once)
-    signals = client._runtime_signals
+    monkeypatch.setattr(client._runtime, "listen_locked", listen_and_wake_at_once)
+    signals = client._runtime.signals
     poll = InThread(lambda: client.claim("t", "c", wait=WAIT))
     waited(signals.wait("long_poll_fetches", 2, WAIT), "the fetch the wake-up asked for")
     client.publish("t", b"x")
@@ -455,7 +455,7 @@ def test_a_waiting_claim_is_woken_by_notify_from_another_client(backend: Backend
     waiting = backend.client(poll_interval=3600)
     producer = backend.client()  # its own engine: no local wake-up
     waiting.ensure_channel("t", "c")
-    signals = waiting._runtime_signals
+    signals = waiting._runtime.signals
     poll = InThread(lambda: waiting.claim("t", "c", wait=WAIT))
     waited(signals.wait("listen_connected", 1, WAIT), "the listener")
     # The listener wakes every waiter once it listens (a publish may have been
@@ -465,7 +465,7 @@ def test_a_waiting_claim_is_woken_by_notify_from_another_client(backend: Backend
     [msg] = poll.join()
     assert msg.id == message_id
     assert signals.count("notified") >= 1
-    assert waiting._listening is None  # no consumer, no other poll: the listener stopped
+    assert waiting._runtime.listening is None  # no consumer, no other poll: the listener stopped
     waiting.ack(msg)
 
 

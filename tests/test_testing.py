@@ -355,7 +355,7 @@ def test_each_test_has_a_database_of_its_own(novaque_client, novaque_clock, tmp_
 def test_clients_are_shut_down_at_the_end_of_their_test():
     assert len(SEEN) == 2
     for client in SEEN:
-        assert not any(c.running for c in client._consumers)
+        assert not any(c.running for c in client._runtime.consumers)
         assert not client._owns_engine or client.engine.pool.checkedout() == 0
 
 

@@ -39,7 +39,7 @@ watched = pytest.mark.parametrize("backend", ["sqlite", "mysql"], indirect=True)
 def watcher_of(client: novaque.Client) -> ChangeWatcher:
     """The running watcher of ``client`` (the twin's SQLite one runs on a thread
     of its own, behind a wrapper)."""
-    run = client._listening
+    run = client._runtime.listening
     assert run is not None
     assert run.conn is not None
     found = getattr(run.conn, "_listener", run.conn)
@@ -68,16 +68,16 @@ def test_a_publish_of_another_client_wakes_an_idle_consumer(backend: Backend) ->
     producer_side = backend.client()  # its own engine: no local wake-up
     handler = Recorder()
     consumer = consumer_side.subscribe_and_start("t", "c", handler)
-    signals = consumer_side._runtime_signals
+    signals = consumer_side._runtime.signals
     waited(signals.wait("listen_connected", 1, WAIT), "the watcher")
     waited(consumer._signals.wait("polls", 1, WAIT), "the first claim pass")
     for n in range(1, 4):  # and again: each one is news
         producer_side.publish("t", f"over the file {n}".encode())
         waited(consumer._signals.wait("acked", n, WOKEN_WITHIN), f"the woken consumer ({n})")
     assert signals.count("notified") >= 3
-    assert consumer_side._listening is not None
+    assert consumer_side._runtime.listening is not None
     consumer.shutdown()
-    assert consumer_side._listening is None  # its last consumer gone: the watcher stopped
+    assert consumer_side._runtime.listening is None  # its last consumer gone: the watcher stopped
 
 
 @watched
@@ -85,7 +85,7 @@ def test_a_waiting_claim_is_woken_by_a_publish_of_another_client(backend: Backen
     waiting = backend.client(poll_interval=3600)
     producer = backend.client()
     waiting.ensure_channel("t", "c")
-    signals = waiting._runtime_signals
+    signals = waiting._runtime.signals
     poll = InThread(lambda: waiting.claim("t", "c", wait=WAIT))
     waited(signals.wait("listen_connected", 1, WAIT), "the watcher")
     # The watcher wakes every waiter once it runs (a publish may have come
@@ -95,7 +95,7 @@ def test_a_waiting_claim_is_woken_by_a_publish_of_another_client(backend: Backen
     waited(signals.wait("long_poll_fetches", 3, WOKEN_WITHIN), "the woken fetch")
     [msg] = poll.join()
     assert msg.id == message_id
-    assert waiting._listening is None  # no consumer, no other poll: the watcher stopped
+    assert waiting._runtime.listening is None  # no consumer, no other poll: the watcher stopped
     waiting.ack(msg)
 
 
@@ -105,7 +105,7 @@ def test_topics_without_waiters_wake_nobody_and_news_is_told_once(backend: Backe
     producer_side = backend.client()
     producer_side.ensure_channel("other", "c")
     consumer = consumer_side.subscribe_and_start("t", "c", Recorder())
-    signals = consumer_side._runtime_signals
+    signals = consumer_side._runtime.signals
     waited(signals.wait("listen_connected", 1, WAIT), "the watcher")
     producer_side.publish_many("other", [b"1", b"2", b"3"])
     producer_side.publish("t", b"x")
@@ -122,25 +122,25 @@ def test_no_watcher_runs_while_nothing_waits(backend: Backend) -> None:
     client.publish("t", b"x")  # publishing, claiming without wait: no watcher
     client.ensure_channel("t", "c")
     assert client.claim("t", "c") == []
-    assert client._listening is None
+    assert client._runtime.listening is None
     consumer = client.subscribe_and_start("t", "c", Recorder())
-    waited(client._runtime_signals.wait("listen_connected", 1, WAIT), "the watcher")
+    waited(client._runtime.signals.wait("listen_connected", 1, WAIT), "the watcher")
     consumer.shutdown()
-    assert client._listening is None
-    assert client._runtime_signals.count("listen_connected") == 1
+    assert client._runtime.listening is None
+    assert client._runtime.signals.count("listen_connected") == 1
 
 
 @watched
 def test_with_the_watcher_off_consumers_poll(backend: Backend) -> None:
     consumer_side = backend.client(poll_interval=0.05, watch_interval=None)
     producer_side = backend.client()
-    assert consumer_side._watch_s is None
+    assert consumer_side._runtime.watch_s is None
     consumer = consumer_side.subscribe_and_start("t", "c", Recorder())
     waited(consumer._signals.wait("polls", 1, WAIT), "the first claim pass")
     producer_side.publish("t", b"found by polling")
     waited(consumer._signals.wait("acked", 1, WAIT), "the polling consumer")
-    assert consumer_side._listening is None
-    assert consumer_side._runtime_signals.count("listen_connected") == 0
+    assert consumer_side._runtime.listening is None
+    assert consumer_side._runtime.signals.count("listen_connected") == 0
     consumer.shutdown()
 
 
@@ -149,7 +149,7 @@ def test_the_watcher_reconnects_when_its_connection_is_lost(backend: Backend) ->
     consumer_side = backend.client(poll_interval=3600)
     producer_side = backend.client()
     consumer = consumer_side.subscribe_and_start("t", "c", Recorder())
-    signals = consumer_side._runtime_signals
+    signals = consumer_side._runtime.signals
     waited(signals.wait("listen_connected", 1, WAIT), "the watcher")
     watcher = watcher_of(consumer_side)
     if isinstance(watcher, MySQLWatcher):
@@ -172,7 +172,7 @@ def test_the_sqlite_watcher_holds_no_read_transaction(backend: Backend, tmp_path
     consumer_side = backend.client(poll_interval=3600)
     producer_side = backend.client()
     consumer = consumer_side.subscribe_and_start("t", "c", Recorder())
-    signals = consumer_side._runtime_signals
+    signals = consumer_side._runtime.signals
     waited(signals.wait("listen_connected", 1, WAIT), "the watcher")
     producer_side.publish("t", b"x")
     waited(consumer._signals.wait("acked", 1, WOKEN_WITHIN), "the woken consumer")
@@ -193,7 +193,7 @@ def test_the_sqlite_watcher_holds_no_read_transaction(backend: Backend, tmp_path
 @pytest.mark.parametrize("backend", ["postgres"], indirect=True)
 def test_postgres_listens_instead_of_watching(backend: Backend) -> None:
     client = backend.client()
-    assert client._watch_s is None
+    assert client._runtime.watch_s is None
     assert client._dialect.supports_notify
 
 
