@@ -142,7 +142,7 @@ class Client(CoreClient):
         BUFFERS)``, MySQL ``EXPLAIN ANALYZE``, MariaDB ``ANALYZE``); it runs on
         a connection of ``engine`` whose transaction is rolled back afterwards,
         so even a claim leaves no lease behind. ``params`` fill the statement's
-        bound parameters (not expanding ones).
+        bound parameters (a list for an expanding one, as in ``IN``).
         """
         with self.engine.connect() as conn:
             try:

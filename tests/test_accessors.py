@@ -55,3 +55,13 @@ def test_explain_of_the_claim_leaves_no_lease(backend: Backend) -> None:
     assert plan.strip()
     backlog = client.channel_backlog("t-explain", "c")
     assert (backlog.ready, backlog.in_flight) == (1, 0)
+
+
+def test_explain_takes_a_list_for_an_expanding_parameter(backend: Backend) -> None:
+    client = backend.client()
+    client.ensure_channel("t-explain-in", "c")
+    messages = schema.messages
+    stmt = sa.select(messages.c.id).where(messages.c.id.in_(sa.bindparam("p_ids", expanding=True)))
+    for analyze in (False, backend.name != "sqlite"):
+        plan = client.explain(stmt, {"p_ids": [1, 2, 3]}, analyze=analyze)
+        assert "novaque_messages" in plan or "pk_novaque_messages" in plan or "PRIMARY" in plan

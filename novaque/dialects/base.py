@@ -703,7 +703,8 @@ class Dialect:
         ``analyze`` runs the statement and reports real timings where the
         database can (PostgreSQL ``EXPLAIN (ANALYZE, BUFFERS)``, MariaDB
         ``ANALYZE``, MySQL ``EXPLAIN ANALYZE``); use it on reads only.
-        ``params`` fill the statement's bound parameters (not expanding ones).
+        ``params`` fill the statement's bound parameters (a list for an
+        expanding one).
         """
         sql, values = _driver_sql(conn, stmt, params)
         rows = conn.exec_driver_sql(self._explain_prefix(conn, analyze) + sql, values).all()
@@ -859,10 +860,12 @@ def _driver_sql(
     """``stmt`` compiled for the connection's driver, with its parameters in driver form."""
     compiled = stmt.compile(dialect=conn.dialect)
     assert isinstance(compiled, sa.sql.compiler.SQLCompiler)
-    values = compiled.construct_params(params)
+    # Expanding parameters (``IN`` lists) become one parameter per value here.
+    state = compiled.construct_expanded_state(params)
+    values = state.parameters
     if compiled.positional:
-        return compiled.string, tuple(values[name] for name in compiled.positiontup or ())
-    return compiled.string, values
+        return state.statement, tuple(values[name] for name in state.positiontup or ())
+    return state.statement, values
 
 
 def _claim_params(
