@@ -201,6 +201,12 @@ def test_group_fifo_claim_and_next_of_group_use_their_index(
         plan_of(client, _groups._next, {"p_channel": channel_id, "p_key": "g7"}),
         "ix_novaque_deliveries_group",
     )
+    # Where an ack moves heads without a statement of the dialect's own: the
+    # groups' new heads are found on the group index too, never by a scan.
+    check(
+        plan_of(client, _groups._next_as_head, {"p_channel": channel_id, "p_keys": ["g7", "g8"]}),
+        "ix_novaque_deliveries_group",
+    )
     # The plan's statement is the one the client runs: 100 heads, one per group.
     got = client.claim("ordered", "c1", max_messages=1000)
     assert sorted(m.group for m in got) == sorted({*groups})

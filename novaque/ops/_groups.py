@@ -82,6 +82,25 @@ _nexts = sa.select(_g.c.group_key, _next_of_g).where(
     _g.c.channel_id == sa.bindparam("p_channel"),
     _g.c.group_key.in_(sa.bindparam("p_keys", expanding=True)),
 )
+#: Each group named its next delivery as head: one statement whatever the
+#: groups (a CASE over their keys was a new statement per batch to build, and
+#: to compile for each number of keys). Only for groups that have a next one.
+_next_as_head = (
+    sa.update(groups)
+    .where(_of_groups)
+    .values(
+        head_id=sa.select(d.c.id)
+        .where(
+            d.c.channel_id == groups.c.channel_id,
+            d.c.group_key == groups.c.group_key,
+            d.c.state + 0 == STATE_READY,
+            d.c.visible_at + 0 >= PARKED_OFFSET,
+        )
+        .order_by(d.c.id)
+        .limit(1)
+        .scalar_subquery()
+    )
+)
 #: The same for one group, as the plan test reads it.
 _next = (
     sa.select(d.c.id)
@@ -195,14 +214,9 @@ def _move(
     moved = {key: int(nxt) for key, nxt in following.items() if nxt is not None}
     empty = sorted(key for key in heads if key not in moved)
     if moved:
-        conn.execute(
-            sa.update(groups)
-            .where(
-                groups.c.channel_id == channel_id,
-                groups.c.group_key.in_(sorted(moved)),
-            )
-            .values(head_id=sa.case(moved, value=groups.c.group_key))
-        )
+        # The same next ones as just read: the groups' rows are locked, and only
+        # a writer holding a group's lock adds to its parked deliveries.
+        conn.execute(_next_as_head, {"p_channel": channel_id, "p_keys": sorted(moved)})
         conn.execute(_unpark_many, {"p_ids": sorted(moved.values())})
     if empty:
         conn.execute(_drop_groups, {"p_channel": channel_id, "p_keys": empty})
