@@ -1,8 +1,10 @@
 """Profile novaque's hot paths on one backend with pyinstrument (a dev tool).
 
 ``python -m benchmarks.profile postgres publish|publish_many|claim_ack|consume
-[--n N] [--html PATH]``. Needs ``pip install pyinstrument`` in the venv (it
-is not a dependency of novaque). Prints where the time of the loop went.
+[--n N] [--groups G] [--html PATH]``; ``--groups`` makes the channel
+``group_fifo`` with the messages spread over ``G`` groups (W7's drain). Needs
+``pip install pyinstrument`` in the venv (it is not a dependency of novaque).
+Prints where the time of the loop went.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("backend", choices=["sqlite", "postgres", "mysql"])
     parser.add_argument("path", choices=["publish", "publish_many", "claim_ack", "consume"])
     parser.add_argument("--n", type=int, default=2000)
+    parser.add_argument(
+        "--groups", type=int, default=0, help="a group_fifo channel over this many groups (W7)"
+    )
     parser.add_argument("--html", help="write pyinstrument's HTML report here")
     args = parser.parse_args(argv)
     from pyinstrument import Profiler
@@ -30,9 +35,9 @@ def main(argv: list[str]) -> int:
     try:
         db.migrate()
         client = nq.make_client(db, sizes)
-        client.ensure_channel(nq.TOPIC, nq.CHANNEL)
+        client.ensure_channel(nq.TOPIC, nq.CHANNEL, ordering="group_fifo" if args.groups else None)
         if args.path in ("claim_ack", "consume"):
-            nq.prefill(client, args.n)
+            nq.prefill(client, args.n, groups=args.groups)
         client.publish(nq.TOPIC, body(0))
         profiler = Profiler(interval=0.0005)
         started = time.perf_counter()
@@ -49,7 +54,13 @@ def main(argv: list[str]) -> int:
         else:
             close_client(client)
             client = None  # type: ignore[assignment]
-            run = nq.drain(db, sizes.scaled(args.n / sizes.w2_messages), Deadline(120))
+            run = nq.drain(
+                db,
+                sizes.scaled(args.n / sizes.w2_messages),
+                Deadline(120),
+                prefilled=True,
+                groups=args.groups,
+            )
             print(run.to_json())
         profiler.stop()
         elapsed = time.perf_counter() - started

@@ -488,11 +488,18 @@ class GatedDrain:
 
 
 def drain(
-    db: Database, sizes: Sizes, deadline: Deadline, *, topic: str = TOPIC, prefilled: bool = False
+    db: Database,
+    sizes: Sizes,
+    deadline: Deadline,
+    *,
+    topic: str = TOPIC,
+    prefilled: bool = False,
+    groups: int = 0,
 ) -> Run:
-    """One process drains ``w2_messages`` in one go (for profiling)."""
+    """One process drains ``w2_messages`` in one go (for profiling); with
+    ``groups``, of a ``group_fifo`` channel (W7's)."""
     n = sizes.w2_messages
-    gated = GatedDrain(db, sizes, n, topic=topic, prefilled=prefilled)
+    gated = GatedDrain(db, sizes, n, topic=topic, prefilled=prefilled, groups=groups)
     try:
         seconds = gated.advance(n, deadline)
         done = min(gated.handled, n)
