@@ -109,7 +109,9 @@ def claim_params(channel_id: int, now: int) -> dict[str, Any]:
 
 
 def check(plan: str, index: str) -> None:
-    assert index in plan, plan
+    # MySQL/MariaDB list every candidate index (possible_keys): only the one
+    # chosen (key=) counts.
+    assert index in re.sub(r"possible_keys=\S*", "", plan), plan
     scans = [line for line in plan.splitlines() if FULL_SCAN.search(line.strip())]
     assert not scans, plan
 
@@ -211,6 +213,36 @@ def test_group_fifo_claim_and_next_of_group_use_their_index(
     got = client.claim("ordered", "c1", max_messages=1000)
     assert sorted(m.group for m in got) == sorted({*groups})
     assert client.channel_backlog("ordered", "c1") == novaque.Backlog(ready=2000, in_flight=100)
+
+
+def test_a_groups_next_delivery_is_found_on_its_index_whatever_the_statistics(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Statistics taken while the table was empty, then 8,000 deliveries over
+    400 groups of a group FIFO channel: an ack's head move still finds each
+    group's next delivery on the group index. On MariaDB such statistics made
+    the planner read the channel's range of the claim index and sort it, for
+    each group of each batch (65 ms a statement against under 1 ms)."""
+    from novaque.ops import _groups
+
+    client = novaque.Client(
+        backend.engine(backend.scratch_url(tmp_path)), novaque.Options(clock=clock)
+    )
+    backend.clients.append(client)
+    client.migrate()  # a new database: no statistics of any earlier test
+    client.ensure_channel("stale", "c", ordering="group_fifo")
+    analyze(client)
+    keys = [f"g{n % 400}" for n in range(8000)]
+    client.publish_many("stale", [b"x" * 200] * len(keys), groups=keys)
+    channel_id = client._channel_id("stale", "c")
+    for stmt in (_groups._nexts, _groups._next_as_head):
+        plan = plan_of(client, stmt, {"p_channel": channel_id, "p_keys": ["g7", "g8"]})
+        check(plan, "ix_novaque_deliveries_group")
+    # The statements are the ones an ack runs: the group's next one is its head.
+    [msg] = [m for m in client.claim("stale", "c", max_messages=400) if m.group == "g7"]
+    client.ack(msg)
+    [head] = [m for m in client.claim("stale", "c", max_messages=10) if m.group == "g7"]
+    assert head.id > msg.id
 
 
 @pytest.mark.parametrize("query", ["oldest_dead", "dead_chunk_died_before"])

@@ -25,7 +25,7 @@ from novaque.dialects.engines import (
     own_engine,
     pool_size_for,
 )
-from novaque.dialects.mysql import MySQLDialect
+from novaque.dialects.mysql import MySQLDialect, on_index
 from novaque.dialects.postgres import PostgresDialect
 from novaque.dialects.sqlite import SQLiteDialect
 
@@ -40,6 +40,7 @@ __all__ = [
     "class_for",
     "create_engine",
     "for_engine",
+    "on_index",
     "own_engine",
     "pool_size_for",
 ]

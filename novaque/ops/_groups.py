@@ -64,16 +64,21 @@ _drop_groups = sa.delete(groups).where(_of_groups)
 # "+ 0" keeps planners off ix_novaque_deliveries_state, whose parked range holds
 # every group of the channel.
 _g = groups.alias("g")
+_GROUP_INDEX = "ix_novaque_deliveries_group"
 _next_of_g = (
-    sa.select(d.c.id)
-    .where(
-        d.c.channel_id == _g.c.channel_id,
-        d.c.group_key == _g.c.group_key,
-        d.c.state + 0 == STATE_READY,
-        d.c.visible_at + 0 >= PARKED_OFFSET,
+    dialects.on_index(
+        sa.select(d.c.id)
+        .where(
+            d.c.channel_id == _g.c.channel_id,
+            d.c.group_key == _g.c.group_key,
+            d.c.state + 0 == STATE_READY,
+            d.c.visible_at + 0 >= PARKED_OFFSET,
+        )
+        .order_by(d.c.id)
+        .limit(1),
+        d,
+        _GROUP_INDEX,
     )
-    .order_by(d.c.id)
-    .limit(1)
     .correlate(_g)
     .scalar_subquery()
 )
@@ -89,20 +94,23 @@ _next_as_head = (
     sa.update(groups)
     .where(_of_groups)
     .values(
-        head_id=sa.select(d.c.id)
-        .where(
-            d.c.channel_id == groups.c.channel_id,
-            d.c.group_key == groups.c.group_key,
-            d.c.state + 0 == STATE_READY,
-            d.c.visible_at + 0 >= PARKED_OFFSET,
-        )
-        .order_by(d.c.id)
-        .limit(1)
-        .scalar_subquery()
+        head_id=dialects.on_index(
+            sa.select(d.c.id)
+            .where(
+                d.c.channel_id == groups.c.channel_id,
+                d.c.group_key == groups.c.group_key,
+                d.c.state + 0 == STATE_READY,
+                d.c.visible_at + 0 >= PARKED_OFFSET,
+            )
+            .order_by(d.c.id)
+            .limit(1),
+            d,
+            _GROUP_INDEX,
+        ).scalar_subquery()
     )
 )
 #: The same for one group, as the plan test reads it.
-_next = (
+_next = dialects.on_index(
     sa.select(d.c.id)
     .where(
         d.c.channel_id == sa.bindparam("p_channel"),
@@ -111,7 +119,9 @@ _next = (
         d.c.visible_at + 0 >= PARKED_OFFSET,
     )
     .order_by(d.c.id)
-    .limit(1)
+    .limit(1),
+    d,
+    _GROUP_INDEX,
 )
 _unpark_many = (
     sa.update(d)
