@@ -59,31 +59,35 @@ _heads = (
     .with_for_update()
 )
 _drop_groups = sa.delete(groups).where(_of_groups)
-# A group's next delivery: its lowest parked one, read in id order on
-# ix_novaque_deliveries_group (past the group's dead letters and its head).
-# "+ 0" keeps planners off ix_novaque_deliveries_state, whose parked range holds
-# every group of the channel.
 _g = groups.alias("g")
-_GROUP_INDEX = "ix_novaque_deliveries_group"
-_next_of_g = (
-    dialects.on_index(
+
+
+def _next_in(channel: sa.ColumnElement[Any], key: sa.ColumnElement[Any]) -> sa.Select[Any]:
+    """A group's next delivery: its lowest parked one, read in id order on
+    ix_novaque_deliveries_group (past the group's dead letters and its head),
+    named to MySQL/MariaDB, whose stale statistics would pick the claim index.
+    "+ 0" keeps planners off ix_novaque_deliveries_state, whose parked range
+    holds every group of the channel."""
+    return dialects.on_index(
         sa.select(d.c.id)
         .where(
-            d.c.channel_id == _g.c.channel_id,
-            d.c.group_key == _g.c.group_key,
+            d.c.channel_id == channel,
+            d.c.group_key == key,
             d.c.state + 0 == STATE_READY,
             d.c.visible_at + 0 >= PARKED_OFFSET,
         )
         .order_by(d.c.id)
         .limit(1),
         d,
-        _GROUP_INDEX,
+        "ix_novaque_deliveries_group",
     )
-    .correlate(_g)
-    .scalar_subquery()
-)
+
+
 #: The next delivery of each group named (``p_channel``, ``p_keys``).
-_nexts = sa.select(_g.c.group_key, _next_of_g).where(
+_nexts = sa.select(
+    _g.c.group_key,
+    _next_in(_g.c.channel_id, _g.c.group_key).correlate(_g).scalar_subquery(),
+).where(
     _g.c.channel_id == sa.bindparam("p_channel"),
     _g.c.group_key.in_(sa.bindparam("p_keys", expanding=True)),
 )
@@ -93,36 +97,10 @@ _nexts = sa.select(_g.c.group_key, _next_of_g).where(
 _next_as_head = (
     sa.update(groups)
     .where(_of_groups)
-    .values(
-        head_id=dialects.on_index(
-            sa.select(d.c.id)
-            .where(
-                d.c.channel_id == groups.c.channel_id,
-                d.c.group_key == groups.c.group_key,
-                d.c.state + 0 == STATE_READY,
-                d.c.visible_at + 0 >= PARKED_OFFSET,
-            )
-            .order_by(d.c.id)
-            .limit(1),
-            d,
-            _GROUP_INDEX,
-        ).scalar_subquery()
-    )
+    .values(head_id=_next_in(groups.c.channel_id, groups.c.group_key).scalar_subquery())
 )
 #: The same for one group, as the plan test reads it.
-_next = dialects.on_index(
-    sa.select(d.c.id)
-    .where(
-        d.c.channel_id == sa.bindparam("p_channel"),
-        d.c.group_key == sa.bindparam("p_key"),
-        d.c.state + 0 == STATE_READY,
-        d.c.visible_at + 0 >= PARKED_OFFSET,
-    )
-    .order_by(d.c.id)
-    .limit(1),
-    d,
-    _GROUP_INDEX,
-)
+_next = _next_in(sa.bindparam("p_channel"), sa.bindparam("p_key"))
 _unpark_many = (
     sa.update(d)
     .where(d.c.id.in_(sa.bindparam("p_ids", expanding=True)), _parked)
