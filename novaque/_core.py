@@ -628,14 +628,14 @@ class CoreClient:
         for waker in wakers:
             waker()
 
-    # -- topology ---------------------------------------------------------------------
-
     def _wake_all(self) -> None:
         """Wake every waiter of every topic (a wake-up may have been missed)."""
         with self._wake_lock:
             wakers = [w for found in self._wakers.values() for w in found]
         for waker in wakers:
             waker()
+
+    # -- topology ---------------------------------------------------------------------
 
     def _channel_id(self, topic: str, channel: str) -> int:
         """A channel's id for the hot path, cached (see :data:`CHANNEL_CACHE_S`)."""
