@@ -4,11 +4,7 @@ locks do; MySQL/MariaDB and SQLite keep their foreign keys)."""
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -17,6 +13,7 @@ import novaque
 from novaque.ops import browse, topology
 from novaque.schema import channels, deliveries, messages, topics
 from novaque.testing import FakeClock
+from tests._races import race
 from tests.conftest import Backend
 
 
@@ -62,49 +59,6 @@ def orphans(engine: sa.Engine) -> tuple[int, int, int]:
             .where(topics.c.id.is_(None))
         ).scalar_one()
     return int(lost_deliveries), int(lost_messages), int(lost_messages_deliveries)
-
-
-def wait_until_blocked(backend: Backend, engine: sa.Engine, thread: threading.Thread) -> None:
-    """Return once ``thread`` waits for a lock (SQLite shows none: a short wait)."""
-    queries = {
-        "postgres": "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
-        "mysql": "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'",
-    }
-    query = queries.get(backend.name)
-    deadline = time.monotonic() + 10
-    while thread.is_alive() and time.monotonic() < deadline:
-        if query is None:
-            time.sleep(0.3)
-            return
-        with engine.connect() as conn:
-            if conn.exec_driver_sql(query).scalar_one():
-                return
-        time.sleep(0.01)
-    pytest.fail("the other transaction did not wait for the lock")
-
-
-def race(
-    backend: Backend, held: Callable[[sa.Connection], Any], waiting: Callable[[], Any]
-) -> list[Any]:
-    """Run ``held`` in an open transaction, ``waiting`` in a thread until it
-    blocks on it, then commit: what ``waiting`` returned (or raised)."""
-    engine = backend.engine()
-    outcome: list[Any] = []
-
-    def run() -> None:
-        try:
-            outcome.append(waiting())
-        except Exception as exc:  # reported by the test
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run)
-    with engine.connect() as conn, conn.begin():
-        held(conn)
-        thread.start()
-        wait_until_blocked(backend, engine, thread)
-    thread.join(30)
-    assert not thread.is_alive()
-    return outcome
 
 
 @pytest.mark.parametrize("with_key", [False, True], ids=["plain", "dedup-key"])
