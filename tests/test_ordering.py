@@ -6,9 +6,11 @@ import threading
 from datetime import timedelta
 
 import pytest
+import sqlalchemy as sa
 
 import novaque
-from tests.conftest import FakeClock
+from tests._races import race
+from tests.conftest import Backend, FakeClock
 
 pytestmark = pytest.mark.usefixtures("twin")
 
@@ -234,3 +236,23 @@ def test_a_consumer_works_on_many_groups_at_once_each_in_order(client: novaque.C
         consumer.shutdown(timeout=10)
     assert overlap == []
     assert order == {g: [0, 1, 2, 3, 4] for g in groups}
+
+
+def test_an_ack_that_waits_for_a_publisher_of_its_group_hands_the_group_on(
+    backend: Backend, client: novaque.Client, clock: FakeClock
+) -> None:
+    """The head's ack waits for the lock of a publisher adding to its group;
+    once that commits, what it published is the group's next delivery (read
+    after the lock, not before: else the group would be dropped and the new
+    delivery stay parked for ever)."""
+    client.ensure_channel("t", "c", ordering="group_fifo")
+    client.publish("t", b"first", group="g")
+    [head] = client.claim("t", "c", max_messages=10)
+    # The publisher: an application's own transaction, with the sync client.
+    publisher = novaque.Client(backend.engine(), novaque.Options(clock=clock))
+
+    def publish(conn: sa.Connection) -> None:
+        publisher.publish("t", b"second", group="g", connection=conn)
+
+    assert race(backend, publish, lambda: client.ack_many([head])) == [[]]
+    assert claim_bodies(client) == [b"second"]

@@ -405,11 +405,12 @@ class Dialect:
         """True for errors a repeat of the same transaction can cure (deadlock, busy)."""
         return False
 
-    #: Operations ("publish", "claim", "ack", "ack_claim", "settle": requeue,
-    #: reject, renew) that this dialect does in a single statement; their
-    #: callers pass ``one_statement=True`` to the executor's ``run``, which
-    #: then runs them in autocommit (a statement is a transaction by itself:
-    #: one round trip instead of BEGIN, statement, COMMIT). Empty: never.
+    #: Operations ("publish", "claim", "ack", "ack_claim", "ack_ordered": an
+    #: ack of ordered deliveries, "settle": requeue, reject, renew) that this
+    #: dialect does in a single statement; their callers pass
+    #: ``one_statement=True`` to the executor's ``run``, which then runs them
+    #: in autocommit (a statement is a transaction by itself: one round trip
+    #: instead of BEGIN, statement, COMMIT). Empty: never.
     one_statement_ops: ClassVar[frozenset[str]] = frozenset()
 
     def begin_transaction(self, conn: sa.Connection) -> None:
@@ -805,14 +806,14 @@ class Dialect:
         result = conn.execute(_ack_delete_returning, {"p_ids": list(ids), "p_token": token})
         return {int(r[0]) for r in result}
 
-    def delete_leased_pairs_locking_heads(
+    def delete_leased_pairs_moving_groups(
         self, conn: sa.Connection, pairs: Sequence[tuple[int, str]]
-    ) -> tuple[set[tuple[int, str]], list[tuple[int, str, int]]] | None:
-        """:meth:`delete_leased_pairs`, also locking (in (channel, group key)
-        order) the ``novaque_groups`` rows of the ordered deliveries deleted:
-        the pairs deleted and (channel id, group key, head id) of each row
-        locked. None where the dialect has no one-statement form (the caller
-        then locks them itself)."""
+    ) -> set[tuple[int, str]] | None:
+        """:meth:`delete_leased_pairs` of ordered deliveries, each group whose
+        head was deleted given its next delivery (as :meth:`move_heads`), in
+        one statement (``"ack_ordered"`` in :attr:`one_statement_ops`): the
+        pairs deleted. None where the dialect has no such statement (the
+        caller then moves the groups on itself)."""
         return None
 
     def move_heads(self, conn: sa.Connection, channel_id: int, keys: Sequence[str]) -> bool:

@@ -194,7 +194,7 @@ class PostgresDialect(Dialect):
         conn.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
         yield
 
-    one_statement_ops = frozenset({"publish", "claim", "ack", "ack_claim", "settle"})
+    one_statement_ops = frozenset({"publish", "claim", "ack", "ack_claim", "ack_ordered", "settle"})
 
     # Ack: one statement for any number of (delivery, token) pairs.
     _delete_pairs = sa.text(
@@ -295,44 +295,26 @@ class PostgresDialect(Dialect):
         )
         return {(int(r[0]), str(r[1])) for r in result}
 
-    # An ordered ack (DESIGN §8): the acks' DELETE, then the lock on the rows
-    # of the groups they left, in (channel, group key) order, in one statement.
-    # The lock waits for a publisher of the group; what that one committed is
-    # read by the next statement (:meth:`move_heads`), on a snapshot of its own.
-    _delete_pairs_locking_heads = sa.text(
-        f"""
-        WITH acked AS (
-            DELETE FROM {d.name} AS d
-            USING unnest(CAST(:ids AS BIGINT[]), CAST(:tokens AS TEXT[])) AS a(id, token)
-            WHERE d.id = a.id AND d.lease_token = a.token
-            RETURNING d.id, d.lease_token, d.channel_id, d.group_key
-        ), heads AS (
-            SELECT g.channel_id, g.group_key, g.head_id FROM {groups.name} AS g
-            WHERE (g.channel_id, g.group_key) IN (
-                SELECT channel_id, group_key FROM acked WHERE group_key IS NOT NULL)
-            ORDER BY g.channel_id, g.group_key
-            FOR UPDATE OF g
-        )
-        SELECT 0, id, lease_token FROM acked
-        UNION ALL
-        SELECT 1, head_id, CAST(channel_id AS TEXT) || ':' || group_key FROM heads
-        """
+    # An ordered ack (DESIGN §8) in one call of ``novaque_ack_ordered``
+    # (migration 0008): the acks' DELETE, which also locks the rows of the
+    # groups they left in (channel, group key) order, then, in a statement of
+    # the function with a snapshot of its own (it sees what a publisher that
+    # held a group's lock meanwhile committed), the heads moved on as
+    # :meth:`move_heads` moves them.
+    _ack_ordered = sa.text(
+        "SELECT acked_id, acked_token FROM novaque_ack_ordered("
+        "CAST(:ids AS BIGINT[]), CAST(:tokens AS TEXT[]))"
     )
 
-    def delete_leased_pairs_locking_heads(
+    def delete_leased_pairs_moving_groups(
         self, conn: sa.Connection, pairs: Sequence[tuple[int, str]]
-    ) -> tuple[set[tuple[int, str]], list[tuple[int, str, int]]] | None:
+    ) -> set[tuple[int, str]] | None:
         ordered = sorted(pairs)
-        done: set[tuple[int, str]] = set()
-        heads: list[tuple[int, str, int]] = []
-        params = {"ids": [p[0] for p in ordered], "tokens": [p[1] for p in ordered]}
-        for kind, did, text in conn.execute(self._delete_pairs_locking_heads, params):
-            if kind == 0:
-                done.add((int(did), str(text)))
-            else:
-                channel, key = str(text).split(":", 1)
-                heads.append((int(channel), key, int(did)))
-        return done, heads
+        result = conn.execute(
+            self._ack_ordered,
+            {"ids": [p[0] for p in ordered], "tokens": [p[1] for p in ordered]},
+        )
+        return {(int(r[0]), str(r[1])) for r in result}
 
     # The groups' next deliveries (read on ix_novaque_deliveries_group, as
     # _groups._nexts), the heads moved to them, unparked, and the groups left

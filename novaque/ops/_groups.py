@@ -175,21 +175,6 @@ def leave(
         _move(conn, dialect, channel_id, heads)
 
 
-def move_on(
-    conn: sa.Connection, dialect: dialects.Dialect, heads: Iterable[Member], gone: set[int]
-) -> None:
-    """Groups whose rows this transaction locked (channel id, key, head id),
-    as :meth:`~novaque.dialects.Dialect.delete_leased_pairs_locking_heads`
-    returns them: those whose head is among ``gone`` (deliveries this
-    transaction saw leave) get their next one."""
-    by_channel: dict[int, dict[str, int]] = {}
-    for channel_id, key, head in heads:
-        if head in gone:
-            by_channel.setdefault(channel_id, {})[key] = head
-    for channel_id, moving in sorted(by_channel.items()):
-        _move(conn, dialect, channel_id, moving)
-
-
 def _move(
     conn: sa.Connection, dialect: dialects.Dialect, channel_id: int, heads: dict[str, int]
 ) -> None:

@@ -219,16 +219,12 @@ def _delete_ordered(
     pairs: Sequence[tuple[int, str]],
 ) -> set[tuple[int, str]]:
     """Delete the leased ``pairs`` of ``msgs`` and move on the groups whose head
-    left: the pairs deleted. Two statements where the dialect locks the
-    groups' rows in its DELETE (PostgreSQL), else the DELETE and
-    :func:`_groups.leave`."""
-    locked = dialect.delete_leased_pairs_locking_heads(conn, pairs)
-    if locked is None:
+    left: the pairs deleted. One statement where the dialect has one
+    (PostgreSQL's function), else the DELETE and :func:`_groups.leave`."""
+    done = dialect.delete_leased_pairs_moving_groups(conn, pairs)
+    if done is None:
         done = dialect.delete_leased_pairs(conn, pairs)
         _groups.leave(conn, dialect, _members(msgs, done), gone=True)
-        return done
-    done, heads = locked
-    _groups.move_on(conn, dialect, heads, {delivery_id for delivery_id, _ in done})
     return done
 
 
