@@ -32,7 +32,7 @@ import novaque
 import novaque.aio
 from novaque import _hooks
 from novaque.otel import SCHEMA_URL, NovaqueInstrumentor
-from novaque.testing import drain
+from novaque.testing import FakeClock, drain
 from tests._twin import async_url
 from tests.conftest import Backend
 
@@ -519,12 +519,16 @@ def test_the_four_metrics_with_their_units_and_attributes(
 # -- asyncio applications -----------------------------------------------------------------
 
 
-def run_async(backend: Backend, body: Callable[[novaque.aio.AsyncClient], Awaitable[None]]) -> None:
+def run_async(
+    backend: Backend,
+    body: Callable[[novaque.aio.AsyncClient], Awaitable[None]],
+    options: novaque.Options | None = None,
+) -> None:
     """``body(client)`` on a new event loop, then the client shut down."""
 
     async def main() -> None:
         engine = create_async_engine(async_url(backend.name, backend.url))
-        client = novaque.aio.AsyncClient(engine)
+        client = novaque.aio.AsyncClient(engine, options)
         try:
             await asyncio.wait_for(body(client), 60)
         finally:
@@ -605,7 +609,9 @@ def test_drain_of_an_async_client_traces_its_handler_calls(
         await client.publish("orders", b"{}")
         assert await drain(client, "orders", "mailer", handler) == 1
 
-    run_async(backend, body)
+    # A stopped clock: the retry (backoff drawn from [0, 1] s) is never due
+    # within the drain, however short its draw.
+    run_async(backend, body, novaque.Options(clock=FakeClock()))
     [publish] = otel.spans("publish orders")
     [process] = otel.spans("process orders")
     assert parent_of(process) == ids_of(publish)
