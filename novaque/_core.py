@@ -1008,9 +1008,9 @@ class CoreClient:
         What a consumer does between two batches: one commit (one round trip
         on PostgreSQL) instead of two. Returns the acks whose lease was lost
         (as :meth:`ack_many`) and the messages claimed (as :meth:`claim`).
-        Ordered acks, where the dialect does them in one statement
-        (PostgreSQL), are a statement of their own before the claim: two round
-        trips, where one transaction would take four (with BEGIN and COMMIT).
+        Ordered acks move their groups on first, so the claim may take their
+        next deliveries; on PostgreSQL's driver path the two statements go in
+        one pipeline, still one round trip and one commit.
         """
         if not acks:
             if not limit:
@@ -1020,19 +1020,14 @@ class CoreClient:
             return self.ack_many(acks), []
         token = secrets.token_hex(16)
         args = (acks, channel_id, limit, int(lease_s * US), token, channel_lease)
-        if consume.ordered(acks):
-            if "ack_ordered" in self._dialect.one_statement_ops:
-                # The groups the acks leave move on first: their next
-                # deliveries may be claimed at once.
-                lost = self.ack_many(acks)
-                return lost, self._claim(topic, channel, channel_id, limit, lease_s, channel_lease)
-            lost, rows, now, effects = self._run_timed("", consume.ack_and_claim, *args)
-        elif self._on_driver("ack_claim"):
+        ordered = consume.ordered(acks)
+        if self._on_driver("ack_ordered_claim" if ordered else "ack_claim"):
             lost, rows, now, effects = self._executor.run_driver(
                 functools.partial(consume.ack_and_claim_driver, self._dialect, self._now, *args)
             )
         else:
-            lost, rows, now, effects = self._run_timed("ack_claim", consume.ack_and_claim, *args)
+            op = "" if ordered else "ack_claim"
+            lost, rows, now, effects = self._run_timed(op, consume.ack_and_claim, *args)
         self._apply(effects)
         if not rows:
             self._channel_maybe_gone(topic, channel)

@@ -256,3 +256,53 @@ def test_an_ack_that_waits_for_a_publisher_of_its_group_hands_the_group_on(
 
     assert race(backend, publish, lambda: client.ack_many([head])) == [[]]
     assert claim_bodies(client) == [b"second"]
+
+
+@pytest.mark.sync_only
+@pytest.mark.parametrize("watched", [False, True], ids=["driver-path", "cursor-events"])
+def test_an_ordered_ack_and_claim_hands_out_the_next_deliveries_of_the_groups_it_acked(
+    backend: Backend, client: novaque.Client, watched: bool
+) -> None:
+    """What a consumer does between batches, on an ordered channel: the acks
+    move their groups on before the claim looks. On PostgreSQL's driver path
+    the two go in one pipeline; an engine with cursor events takes
+    SQLAlchemy's path (one transaction)."""
+
+    def watch(*args: object) -> None:
+        pass
+
+    if watched:
+        sa.event.listen(client.engine, "before_cursor_execute", watch)
+    try:
+        assert client._on_driver("ack_ordered_claim") is (
+            backend.name == "postgres" and not watched
+        )
+        client.ensure_channel("t", "c", ordering="group_fifo")
+        client.publish_many("t", [b"a0", b"a1", b"b0", b"b1"], groups=["a", "a", "b", "b"])
+        heads = client.claim("t", "c", max_messages=10)
+        assert [m.body for m in heads] == [b"a0", b"b0"]
+        lost, got = client._ack_and_claim(heads, "t", "c", heads[0].channel_id, 10, 30.0)
+        assert (lost, [m.body for m in got]) == ([], [b"a1", b"b1"])
+        lost, got = client._ack_and_claim(got, "t", "c", heads[0].channel_id, 10, 30.0)
+        assert (lost, got) == ([], [])
+    finally:
+        if watched:
+            sa.event.remove(client.engine, "before_cursor_execute", watch)
+
+
+@pytest.mark.sync_only
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)  # the pipeline's own
+def test_a_claim_that_fails_undoes_the_ordered_ack_pipelined_with_it(
+    backend: Backend, client: novaque.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ordered ack and the claim after it commit together or not at all."""
+    client.ensure_channel("t", "c", ordering="group_fifo")
+    client.publish_many("t", [b"a0", b"a1"], groups=["a", "a"])
+    [head] = client.claim("t", "c", max_messages=10)
+    failing = "SELECT 1 / (%(p_limit)s - %(p_limit)s)"
+    monkeypatch.setattr(type(client._dialect), "_ack_and_claim_driver", failing)
+    with pytest.raises(sa.exc.DBAPIError, match="division by zero"):
+        client._ack_and_claim([head], "t", "c", head.channel_id, 10, 30.0)
+    monkeypatch.undo()
+    assert client.ack_many([head]) == []  # still leased: the ack was undone
+    assert claim_bodies(client) == [b"a1"]

@@ -501,7 +501,9 @@ class Dialect:
         """The operations written for the driver path on this database (as
         ``sql_dialect``, SQLAlchemy's dialect of the engine, reports it):
         ``"publish"`` (:meth:`publish_one_driver`), ``"ack_claim"``
-        (:meth:`ack_and_claim_driver`), ``"claim"`` (:meth:`claim_driver`)."""
+        (:meth:`ack_and_claim_driver`), ``"ack_ordered_claim"``
+        (:meth:`ack_ordered_and_claim_driver`), ``"claim"``
+        (:meth:`claim_driver`)."""
         return frozenset()
 
     def publish_one_driver(
@@ -538,6 +540,22 @@ class Dialect:
     ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
         """:meth:`ack_and_claim` as a whole transaction of novaque's own on the
         DBAPI connection ``dbapi``, in the driver's SQL (the driver path)."""
+        raise NotImplementedError
+
+    def ack_ordered_and_claim_driver(
+        self,
+        dbapi: Any,
+        pairs: Sequence[tuple[int, str]],
+        channel_id: int,
+        limit: int,
+        now: int,
+        until: int,
+        token: str,
+        channel_lease: bool = False,
+    ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
+        """:meth:`ack_and_claim_driver` of ordered deliveries (their groups
+        moved on, as :meth:`delete_leased_pairs_moving_groups` does, before
+        the claim looks)."""
         raise NotImplementedError
 
     def claim_driver(

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.util import await_only
 
 from novaque.dialects.base import (
     NOTIFY_CHANNEL,
@@ -100,6 +101,46 @@ def _autocommit_rows(dbapi: Any, sql: str, params: dict[str, Any]) -> list[Any]:
     finally:
         if switch:
             dbapi.autocommit = False
+
+
+def _pipelined_rows(dbapi: Any, statements: Sequence[tuple[str, dict[str, Any]]]) -> list[Any]:
+    """The rows of each of ``statements``, sent on psycopg's connection
+    ``dbapi`` in one pipeline: one round trip, and in autocommit one implicit
+    transaction (they commit together when the pipeline ends, or none does,
+    and each sees what those before it wrote). Autocommit is left as it was;
+    SQLAlchemy's adapter of an ``AsyncConnection`` is awaited through the
+    greenlet bridge, as its own calls are."""
+    import psycopg  # the driver of this path (driver_ops)
+
+    switch = not dbapi.autocommit
+    if switch:
+        dbapi.autocommit = True
+    try:
+        conn = getattr(dbapi, "_connection", dbapi)
+        if isinstance(conn, psycopg.AsyncConnection):
+            return await_only(_pipelined_async(conn, statements))
+        return _pipelined(conn, statements)
+    finally:
+        if switch:
+            dbapi.autocommit = False
+
+
+def _pipelined(conn: Any, statements: Sequence[tuple[str, dict[str, Any]]]) -> list[Any]:
+    with conn.pipeline():
+        cursors = [conn.cursor() for _ in statements]
+        for cursor, (sql, params) in zip(cursors, statements, strict=True):
+            cursor.execute(sql, params)
+    return [cursor.fetchall() for cursor in cursors]
+
+
+async def _pipelined_async(
+    conn: Any, statements: Sequence[tuple[str, dict[str, Any]]]
+) -> list[Any]:
+    async with conn.pipeline():
+        cursors = [conn.cursor() for _ in statements]
+        for cursor, (sql, params) in zip(cursors, statements, strict=True):
+            await cursor.execute(sql, params)
+    return [await cursor.fetchall() for cursor in cursors]
 
 
 def _ack_and_claim_params(
@@ -316,6 +357,31 @@ class PostgresDialect(Dialect):
         )
         return {(int(r[0]), str(r[1])) for r in result}
 
+    _ack_ordered_driver = _driver_text(_ack_ordered)
+
+    def ack_ordered_and_claim_driver(
+        self,
+        dbapi: Any,
+        pairs: Sequence[tuple[int, str]],
+        channel_id: int,
+        limit: int,
+        now: int,
+        until: int,
+        token: str,
+        channel_lease: bool = False,
+    ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
+        # The ordered ack's call, then the claim (the ack-and-claim statement
+        # with nothing to ack), pipelined: one round trip and one commit. The
+        # claim sees the groups moved on, as a later statement of the same
+        # transaction.
+        ordered = sorted(pairs)
+        acks = {"ids": [p[0] for p in ordered], "tokens": [p[1] for p in ordered]}
+        claim = _ack_and_claim_params((), channel_id, limit, now, until, token, channel_lease)
+        acked, claimed = _pipelined_rows(
+            dbapi, [(self._ack_ordered_driver, acks), (self._ack_and_claim_driver, claim)]
+        )
+        return {(int(r[0]), str(r[1])) for r in acked}, _acked_and_claimed(claimed)[1]
+
     # The groups' next deliveries (read on ix_novaque_deliveries_group, as
     # _groups._nexts), the heads moved to them, unparked, and the groups left
     # empty dropped: one statement instead of four.
@@ -522,10 +588,18 @@ class PostgresDialect(Dialect):
 
     def driver_ops(self, sql_dialect: sa.Dialect) -> frozenset[str]:
         return (
-            frozenset({"publish", "ack_claim", "claim"})
+            frozenset({"publish", "ack_claim", "claim"}) | self._pipelined_ops()
             if sql_dialect.driver == "psycopg"
             else frozenset()
         )
+
+    @staticmethod
+    def _pipelined_ops() -> frozenset[str]:
+        """The driver path's operations that need psycopg's pipeline mode
+        (libpq 14 or later: psycopg's binary wheels bring their own)."""
+        import psycopg
+
+        return frozenset({"ack_ordered_claim"}) if psycopg.Pipeline.is_supported() else frozenset()
 
     def publish_one_driver(
         self,

@@ -288,14 +288,13 @@ def ack_and_claim_driver(
     channel_lease: bool,
     dbapi: Any,
 ) -> tuple[list[Message], list[dialects.ClaimedRow], int, Effects]:
-    """:func:`ack_and_claim` of unordered acks, in novaque's own transaction on
-    the DBAPI connection ``dbapi`` (the driver path, see
+    """:func:`ack_and_claim` in novaque's own transaction on the DBAPI
+    connection ``dbapi`` (the driver path, see
     :meth:`novaque._executor.SyncExecutor.run_driver`)."""
     now = clock()
     pairs = [(msg.delivery_id, msg.lease_token) for msg in acks]
-    done, rows = dialect.ack_and_claim_driver(
-        dbapi, pairs, channel_id, limit, now, now + lease_us, token, channel_lease
-    )
+    run = dialect.ack_ordered_and_claim_driver if ordered(acks) else dialect.ack_and_claim_driver
+    done, rows = run(dbapi, pairs, channel_id, limit, now, now + lease_us, token, channel_lease)
     return _acked_and_claimed(acks, done, rows, channel_id, now)
 
 
