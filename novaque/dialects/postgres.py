@@ -84,23 +84,30 @@ _claim_pick: sa.Select[Any] = sa.select(sa.literal_column("id")).select_from(
 )
 
 
-def _autocommit_rows(dbapi: Any, sql: str, params: dict[str, Any]) -> list[Any]:
-    """The rows of one statement run on psycopg's connection ``dbapi`` in
-    autocommit: a transaction by itself, one round trip (as on SQLAlchemy's
-    path, see SyncExecutor._transaction); autocommit is left as it was."""
+@contextlib.contextmanager
+def _autocommit(dbapi: Any) -> Iterator[None]:
+    """psycopg's connection ``dbapi`` in autocommit, then left as it was."""
     switch = not dbapi.autocommit
     if switch:
         dbapi.autocommit = True
     try:
+        yield
+    finally:
+        if switch:
+            dbapi.autocommit = False
+
+
+def _autocommit_rows(dbapi: Any, sql: str, params: dict[str, Any]) -> list[Any]:
+    """The rows of one statement run on psycopg's connection ``dbapi`` in
+    autocommit: a transaction by itself, one round trip (as on SQLAlchemy's
+    path, see SyncExecutor._transaction); autocommit is left as it was."""
+    with _autocommit(dbapi):
         cursor = dbapi.cursor()
         try:
             cursor.execute(sql, params)
             return list(cursor.fetchall())
         finally:
             cursor.close()
-    finally:
-        if switch:
-            dbapi.autocommit = False
 
 
 def _pipelined_rows(dbapi: Any, statements: Sequence[tuple[str, dict[str, Any]]]) -> list[Any]:
@@ -112,17 +119,11 @@ def _pipelined_rows(dbapi: Any, statements: Sequence[tuple[str, dict[str, Any]]]
     greenlet bridge, as its own calls are."""
     import psycopg  # the driver of this path (driver_ops)
 
-    switch = not dbapi.autocommit
-    if switch:
-        dbapi.autocommit = True
-    try:
+    with _autocommit(dbapi):
         conn = getattr(dbapi, "_connection", dbapi)
         if isinstance(conn, psycopg.AsyncConnection):
             return await_only(_pipelined_async(conn, statements))
         return _pipelined(conn, statements)
-    finally:
-        if switch:
-            dbapi.autocommit = False
 
 
 def _pipelined(conn: Any, statements: Sequence[tuple[str, dict[str, Any]]]) -> list[Any]:
@@ -143,6 +144,18 @@ async def _pipelined_async(
     return [await cursor.fetchall() for cursor in cursors]
 
 
+def _pair_params(pairs: Sequence[tuple[int, str]]) -> dict[str, Any]:
+    """``:ids`` and ``:tokens`` of (delivery id, lease token) pairs, in id
+    order (the order rows are locked in)."""
+    ordered = sorted(pairs)
+    return {"ids": [p[0] for p in ordered], "tokens": [p[1] for p in ordered]}
+
+
+def _pairs_of(rows: Iterable[Sequence[Any]]) -> set[tuple[int, str]]:
+    """The (delivery id, lease token) pairs of rows that start with them."""
+    return {(int(r[0]), str(r[1])) for r in rows}
+
+
 def _ack_and_claim_params(
     pairs: Sequence[tuple[int, str]],
     channel_id: int,
@@ -152,9 +165,8 @@ def _ack_and_claim_params(
     token: str,
     channel_lease: bool,
 ) -> dict[str, Any]:
-    ordered = sorted(pairs)
     params = _claim_params(channel_id, limit, now, until, token, channel_lease)
-    params.update(ids=[p[0] for p in ordered], tokens=[p[1] for p in ordered])
+    params.update(_pair_params(pairs))
     return params
 
 
@@ -329,12 +341,7 @@ class PostgresDialect(Dialect):
     def delete_leased_pairs(
         self, conn: sa.Connection, pairs: Sequence[tuple[int, str]]
     ) -> set[tuple[int, str]]:
-        ordered = sorted(pairs)
-        result = conn.execute(
-            self._delete_pairs,
-            {"ids": [p[0] for p in ordered], "tokens": [p[1] for p in ordered]},
-        )
-        return {(int(r[0]), str(r[1])) for r in result}
+        return _pairs_of(conn.execute(self._delete_pairs, _pair_params(pairs)))
 
     # An ordered ack (DESIGN §8) in one call of ``novaque_ack_ordered``
     # (migration 0008): the acks' DELETE, which also locks the rows of the
@@ -350,12 +357,7 @@ class PostgresDialect(Dialect):
     def delete_leased_pairs_moving_groups(
         self, conn: sa.Connection, pairs: Sequence[tuple[int, str]]
     ) -> set[tuple[int, str]] | None:
-        ordered = sorted(pairs)
-        result = conn.execute(
-            self._ack_ordered,
-            {"ids": [p[0] for p in ordered], "tokens": [p[1] for p in ordered]},
-        )
-        return {(int(r[0]), str(r[1])) for r in result}
+        return _pairs_of(conn.execute(self._ack_ordered, _pair_params(pairs)))
 
     _ack_ordered_driver = _driver_text(_ack_ordered)
 
@@ -374,13 +376,12 @@ class PostgresDialect(Dialect):
         # with nothing to ack), pipelined: one round trip and one commit. The
         # claim sees the groups moved on, as a later statement of the same
         # transaction.
-        ordered = sorted(pairs)
-        acks = {"ids": [p[0] for p in ordered], "tokens": [p[1] for p in ordered]}
+        acks = _pair_params(pairs)
         claim = _ack_and_claim_params((), channel_id, limit, now, until, token, channel_lease)
         acked, claimed = _pipelined_rows(
             dbapi, [(self._ack_ordered_driver, acks), (self._ack_and_claim_driver, claim)]
         )
-        return {(int(r[0]), str(r[1])) for r in acked}, _acked_and_claimed(claimed)[1]
+        return _pairs_of(acked), _acked_and_claimed(claimed)[1]
 
     # The groups' next deliveries (read on ix_novaque_deliveries_group, as
     # _groups._nexts), the heads moved to them, unparked, and the groups left
