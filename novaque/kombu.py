@@ -28,11 +28,14 @@ for users):
   patterns are the topic names, read from the database, so they are shared
   by every process). Bindings live in the database: a producer routes to
   queues that only a consumer in another process declared.
-- Consuming a queue claims from its home topic and from the topics of the
-  bindings this process declared for it. A message handed to kombu unacked
-  is a **lease**, renewed in the background while it is held (a running
-  task, or one Celery keeps until its ETA), acked by ``basic_ack``, requeued
-  at once by ``basic_reject(requeue=True)``, dead-lettered by
+- Consuming a queue claims from its home topic and from the topic of each
+  of its bindings, whichever process declared them: the bindings are read
+  from the database (and read again after :attr:`Transport.topics_ttl`),
+  and deleting a queue deletes its channel on each of them.
+- A message handed to kombu unacked is a **lease**, renewed in the
+  background while it is held (a running task, or one Celery keeps until its
+  ETA), acked by ``basic_ack``, requeued at once by
+  ``basic_reject(requeue=True)``, dead-lettered by
   ``basic_reject(requeue=False)`` and given back without counting an attempt
   when the channel closes. A consumer that dies holding a lease has its
   messages delivered again once the lease runs out (``lease``, 30 s by
@@ -77,6 +80,7 @@ from kombu.transport import TRANSPORT_ALIASES, virtual
 
 import novaque
 from novaque.errors import ChannelNotFound, LeaseLost, TopicNotFound
+from novaque.ops import topology
 
 __all__ = ["Channel", "QoS", "Transport", "channel_name", "shutdown_clients", "topic_names"]
 
@@ -220,14 +224,12 @@ class Channel(virtual.Channel):
         return topic_names(self.topic_prefix, exchange, self.typeof(exchange).type, routing_key)
 
     def _topics_of(self, queue: str) -> list[str]:
-        """The topics ``queue`` is consumed from: its home, then its bindings."""
-        topics = [self._home(queue)]
-        for exchange, routing_key, _ in self.state.queue_bindings(queue):
-            if exchange:
-                topic = self._binding_topic(exchange, routing_key)
-                if topic not in topics:
-                    topics.append(topic)
-        return topics
+        """The topics ``queue`` is consumed from: its home, then the topic of
+        each of its bindings, whichever process declared them (read from the
+        database, see :meth:`Transport.topology`)."""
+        home = self._home(queue)
+        bound = self.connection.topology(self.client, self.topic_prefix).bindings
+        return [home, *(t for t in bound.get(channel_name(queue), ()) if t != home)]
 
     # -- topology -------------------------------------------------------------------
 
@@ -244,7 +246,7 @@ class Channel(virtual.Channel):
 
     def _queue_bind(self, exchange: str, routing_key: str, pattern: Any, queue: str) -> None:
         self.client.ensure_channel(self._binding_topic(exchange, routing_key), channel_name(queue))
-        self.connection.forget_topics()  # routed by at once, in this process
+        self.connection.forget_topology()  # routed by and consumed from at once, in this process
 
     def queue_unbind(
         self,
@@ -257,19 +259,20 @@ class Channel(virtual.Channel):
         super().queue_unbind(queue, exchange, routing_key, arguments, **kwargs)
         if exchange:
             self._drop(self._binding_topic(exchange, routing_key), queue)
-
-    def _delete(
-        self, queue: str, exchange: str, routing_key: str, pattern: Any, *args: Any, **kwargs: Any
-    ) -> None:
-        self._drop(self._binding_topic(exchange, routing_key), queue)
+            self.connection.forget_topology()
 
     def queue_delete(
         self, queue: str, if_unused: bool = False, if_empty: bool = False, **kwargs: Any
     ) -> None:
+        """Delete the queue's channel on its home and on every topic it is bound
+        to, whichever process bound it."""
         if if_empty and self._size(queue):
             return
-        super().queue_delete(queue, **kwargs)  # the bindings' channels
-        self._drop(self._home(queue), queue)
+        self.connection.forget_topology()
+        for topic in self._topics_of(queue):
+            self._drop(topic, queue)
+        self.state.queue_bindings_delete(queue)
+        self.connection.forget_topology()
         self._auto_delete.discard(queue)
         with self._lock:
             buffered = self._buffer.pop(queue, deque())
@@ -328,7 +331,7 @@ class Channel(virtual.Channel):
         matcher: Any = self.exchange_types["topic"]
         table = [
             (pattern, matcher.key_to_pattern(pattern), topic)
-            for topic in self.connection.topics(self.client)
+            for topic in self.connection.topology(self.client, self.topic_prefix).topics
             if topic.startswith(head)
             for pattern in [_decode(topic[len(head) :])]
         ]
@@ -598,12 +601,15 @@ class Transport(virtual.Transport):
         exchange_type=frozenset(["direct", "topic", "fanout"]),
     )
 
-    #: How long the topic list a topic exchange routes by is trusted (seconds).
+    #: How long what the database says of the topics and bindings is trusted
+    #: (seconds, by the client's clock): a binding another process declares or
+    #: removes is routed by and consumed from at most this much later.
     topics_ttl = 1.0
 
     def __init__(self, client: Any, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
-        self._topics: tuple[float, list[str]] = (0.0, [])
+        #: Per topic prefix: the topology read, and when.
+        self._topology: dict[str, tuple[float, _Topology]] = {}
 
     def driver_version(self) -> str:
         return novaque.__version__
@@ -635,16 +641,42 @@ class Transport(virtual.Transport):
             _maintained.add(id(client))
         client.start()
 
-    def forget_topics(self) -> None:
-        self._topics = (0.0, [])
+    def forget_topology(self) -> None:
+        """Read the topics and bindings again at the next use."""
+        self._topology.clear()
 
-    def topics(self, client: novaque.Client) -> list[str]:
-        """Every topic's name, read again once :attr:`topics_ttl` has passed."""
-        read_at, names = self._topics
-        if time.monotonic() - read_at >= self.topics_ttl:
-            names = client.list_topics()
-            self._topics = (time.monotonic(), names)
-        return names
+    def topology(self, client: novaque.Client, prefix: str) -> _Topology:
+        """The topics under ``prefix`` and the queues bound on them, read again
+        once :attr:`topics_ttl` has passed."""
+        now = _seconds_now(client)
+        read = self._topology.get(prefix)
+        if read is not None and 0 <= now - read[0] < self.topics_ttl:
+            return read[1]
+        made = _Topology(client._run_op("", topology.channels_under, f"{prefix}::"))
+        self._topology[prefix] = (now, made)
+        return made
+
+
+class _Topology:
+    """The kombu topics in the database, and the topics each channel is on."""
+
+    __slots__ = ("bindings", "topics")
+
+    def __init__(self, channels_by_topic: dict[str, list[str]]) -> None:
+        #: Every topic's name, sorted.
+        self.topics = list(channels_by_topic)
+        #: Per channel (a queue), the topics it is on, sorted.
+        self.bindings: dict[str, list[str]] = {}
+        for topic, names in channels_by_topic.items():
+            for name in names:
+                self.bindings.setdefault(name, []).append(topic)
+
+
+def _seconds_now(client: novaque.Client) -> float:
+    """Seconds for timing caches: by the client's clock when it has one
+    (``Options.clock``, as in tests), else by the monotonic clock."""
+    clock = client.options.clock
+    return clock().timestamp() if clock is not None else time.monotonic()
 
 
 def shutdown_clients(timeout: float = 10.0) -> None:

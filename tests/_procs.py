@@ -57,3 +57,34 @@ def publish_deduplicated(url: str, at: str, keys: list[str], barrier: Any, out: 
         out.put(("error", f"{type(exc).__name__}: {exc}"))
     finally:
         client.engine.dispose()
+
+
+def declare_kombu_queues(broker: str, declare: list[Any], out: Any) -> None:
+    """Declare kombu queues and their bindings in this process, then report.
+
+    ``declare``: ``(queue, exchange, exchange type, routing key)`` each; an
+    exchange ``None`` unbinds the queue from the binding that follows it
+    (``(queue, None, exchange, type, key)``) instead.
+    """
+    import kombu.pools
+
+    import novaque.kombu
+    from kombu import Connection, Exchange, Queue
+
+    try:
+        with Connection(broker) as conn:
+            channel = conn.default_channel
+            for item in declare:
+                if item[1] is None:
+                    queue, _, exchange, kind, key = item
+                    Exchange(exchange, kind)(channel).declare()
+                    channel.queue_unbind(queue, exchange, key)
+                    continue
+                queue, exchange, kind, key = item
+                Queue(queue, Exchange(exchange, kind), key)(channel).declare()
+        out.put(("ok", len(declare)))
+    except BaseException as exc:
+        out.put(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        kombu.pools.reset()
+        novaque.kombu.shutdown_clients()

@@ -8,6 +8,7 @@ time.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import re
 import signal
@@ -25,6 +26,8 @@ import novaque.kombu
 from kombu import Connection, Exchange, Queue
 from novaque import _validate
 from novaque.kombu import channel_name, topic_names
+from novaque.testing import FakeClock
+from tests import _procs
 from tests.celery_app import make_app
 from tests.conftest import Backend
 
@@ -149,6 +152,96 @@ def test_fanout_exchange_copies_to_every_bound_queue(broker: str, backend: Backe
     topic = topic_names("kombu", "broadcast", "fanout")
     assert client.list_channels(topic) == ["first", "late", "second"]
     assert len(client.list_messages(topic)) == 2
+
+
+def elsewhere(broker: str, *declare: tuple[Any, ...]) -> None:
+    """Declare queues and bindings (or unbind, see ``_procs.declare_kombu_queues``)
+    in another process: its kombu state is not this process's."""
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_procs.declare_kombu_queues, args=(broker, list(declare), out))
+    proc.start()
+    try:
+        status, detail = out.get(timeout=120)
+    finally:
+        proc.join(timeout=60)
+    assert status == "ok", detail
+
+
+def test_queues_bound_in_another_process_are_consumed_by_name(broker: str) -> None:
+    elsewhere(
+        broker,
+        ("f1", "fan", "fanout", ""),
+        ("f2", "fan", "fanout", ""),
+        ("d1", "dir", "direct", "k1"),
+        ("d1", "dir", "direct", "k2"),
+        ("t1", "top", "topic", "a.*"),
+        ("t2", "top", "topic", "#"),
+    )
+    fan, dir_, top = Exchange("fan", "fanout"), Exchange("dir", "direct"), Exchange("top", "topic")
+    with Connection(broker) as conn:
+        # This process declares the exchanges it publishes to, never the queues.
+        conn.Producer(exchange=fan).publish({"via": "fan"})
+        for key in ("k1", "k2", "k3"):
+            conn.Producer(exchange=dir_).publish({"via": key}, routing_key=key)
+        for key in ("a.b", "b.c"):
+            conn.Producer(exchange=top).publish({"via": key}, routing_key=key)
+        channel = conn.default_channel
+        sizes = {q: channel.queue_declare(q, passive=True).message_count for q in ("d1", "t2")}
+        assert sizes == {"d1": 2, "t2": 2}
+        got = {
+            name: sorted(p["via"] for p in drain(conn, Queue(name)))
+            for name in ("f1", "f2", "d1", "t1", "t2")
+        }
+    assert got == {
+        "f1": ["fan"],
+        "f2": ["fan"],
+        "d1": ["k1", "k2"],
+        "t1": ["a.b"],
+        "t2": ["a.b", "b.c"],
+    }
+
+
+@pytest.mark.parametrize("kind", ["direct", "fanout", "topic"])
+def test_a_binding_made_or_removed_elsewhere_is_seen_within_the_cache_time(
+    broker: str, kind: str
+) -> None:
+    clock = FakeClock()
+    exchange = Exchange("ex", kind)
+    key = "" if kind == "fanout" else "k"
+    bound = topic_names("kombu", "ex", kind, key)
+    options = {"options": {"clock": clock}}  # one client, on the test's clock, for both sides
+    with (
+        Connection(broker, transport_options=options) as conn,
+        Connection(broker, transport_options=options) as producer_side,
+    ):
+        queue = Queue("q")(conn.default_channel)
+        queue.declare()
+        assert queue.get() is None  # what the queue is bound to is read, and kept a while
+        elsewhere(broker, ("q", "ex", kind, key))
+        producer_side.Producer(exchange=exchange).publish({"n": 1}, routing_key=key)
+        assert queue.get() is None  # within the cache time
+        clock.advance(novaque.kombu.Transport.topics_ttl)
+        got = queue.get()
+        assert got is not None
+        assert got.payload == {"n": 1}
+        got.ack()
+        assert bound in conn.default_channel._topics_of("q")
+        elsewhere(broker, ("q", None, "ex", kind, key))
+        assert bound in conn.default_channel._topics_of("q")
+        clock.advance(novaque.kombu.Transport.topics_ttl)
+        assert bound not in conn.default_channel._topics_of("q")
+
+
+def test_deleting_a_queue_drops_the_bindings_another_process_made(
+    broker: str, backend: Backend
+) -> None:
+    elsewhere(broker, ("gone", "fan", "fanout", ""), ("gone", "dir", "direct", "k"))
+    with Connection(broker) as conn:
+        conn.default_channel.queue_delete("gone")
+    client = backend.client()
+    left = [t for t in client.list_topics() if "gone" in client.list_channels(t)]
+    assert left == []
 
 
 # -- unacked messages are leases ----------------------------------------------------

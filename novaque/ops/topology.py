@@ -205,5 +205,25 @@ def list_channels(conn: sa.Connection, dialect: dialects.Dialect, topic: str) ->
     ]
 
 
+def channels_under(
+    conn: sa.Connection, dialect: dialects.Dialect, prefix: str
+) -> dict[str, list[str]]:
+    """Every topic whose name starts with ``prefix``, sorted, each with its
+    channels' names, sorted (none for a topic without channels)."""
+    rows = conn.execute(
+        sa.select(topics.c.name, channels.c.name)
+        .outerjoin_from(topics, channels, channels.c.topic_id == topics.c.id)
+        .where(topics.c.name.startswith(prefix, autoescape=True))
+        .order_by(topics.c.name, channels.c.name)
+    )
+    found: dict[str, list[str]] = {}
+    for topic, channel in rows:
+        if topic.startswith(prefix):  # SQLite's LIKE ignores the case of ASCII letters
+            names = found.setdefault(topic, [])
+            if channel is not None:
+                names.append(channel)
+    return found
+
+
 def channel_id(conn: sa.Connection, dialect: dialects.Dialect, topic: str, channel: str) -> int:
     return existing_channel_id(conn, topic, channel)
