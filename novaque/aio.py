@@ -445,11 +445,11 @@ def connect(url: str | sa.URL, **option_fields: Any) -> AsyncClient:
 
     ``url`` names an asyncio driver: ``postgresql+psycopg://``,
     ``mysql+asyncmy://`` or ``mysql+aiomysql://``, ``sqlite+aiosqlite:///``.
-    A URL without a driver (``postgresql://``, ``mysql://``, ``mariadb://``,
-    ``sqlite:///``) gets psycopg, asyncmy or aiosqlite.
+    A URL without a driver (``postgresql://`` or ``postgres://``, ``mysql://``,
+    ``mariadb://``, ``sqlite:///``) gets psycopg, asyncmy or aiosqlite.
     """
     options = Options(**option_fields)
-    parsed = _async_url(sa.make_url(url))
+    parsed = dialects.normalise_url(url, asynchronous=True)
     pool_size = dialects.pool_size_for(options.max_in_flight)
     try:
         sync_engine = dialects.create_engine(parsed, pool_size=pool_size, asynchronous=True)
@@ -462,19 +462,3 @@ def connect(url: str | sa.URL, **option_fields: Any) -> AsyncClient:
     client = AsyncClient(AsyncEngine(sync_engine), options)
     client._core._owns_engine = True  # closed by client.shutdown()
     return client
-
-
-#: The driver :func:`connect` uses for a URL that names none.
-_DEFAULT_ASYNC_DRIVERS = {
-    "postgresql": "postgresql+psycopg",
-    "mysql": "mysql+asyncmy",
-    "mariadb": "mariadb+asyncmy",
-    "sqlite": "sqlite+aiosqlite",
-}
-
-
-def _async_url(url: sa.URL) -> sa.URL:
-    if "+" in url.drivername:
-        return url
-    driver = _DEFAULT_ASYNC_DRIVERS.get(url.drivername)
-    return url if driver is None else url.set(drivername=driver)

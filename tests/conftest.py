@@ -346,6 +346,17 @@ def run_pytest(
     )
 
 
+def driverless(backend: Backend) -> list[str]:
+    """The backend's URL in each form that names no driver, as platforms give
+    them (Heroku and many others: ``postgres://``)."""
+    url = sa.make_url(backend.url)
+    schemes = {"postgresql": ["postgres", "postgresql"], "mysql": ["mysql"], "sqlite": ["sqlite"]}
+    return [
+        url.set(drivername=scheme).render_as_string(hide_password=False)
+        for scheme in schemes[url.get_backend_name()]
+    ]
+
+
 def kill_other_sessions(backend: Backend) -> int:
     """End every other server session on the test database; how many were ended."""
     admin = sa.create_engine(backend.url, poolclass=sa.NullPool)

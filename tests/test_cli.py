@@ -19,9 +19,10 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 import novaque
-from tests.conftest import Backend
+from tests.conftest import Backend, driverless
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -400,6 +401,18 @@ def test_server_backends(backend: Backend) -> None:
     assert "no dead letters" in ok(run("dead", "list", "cli-orders", "billing", cwd=cwd, url=url))
 
 
+@pytest.mark.parametrize("backend", ["postgres", "mysql"], indirect=True)
+def test_urls_that_name_no_driver_are_accepted(backend: Backend) -> None:
+    """``postgres://`` (Heroku's and many platforms' form), ``postgresql://`` and
+    ``mysql://`` get novaque's driver, as in novaque.connect."""
+    cwd = Path.cwd()
+    for given in driverless(backend):
+        scheme = sa.make_url(given).drivername
+        ok(run("migrate", cwd=cwd, url=given))
+        ok(run("channels", "cli-plain", "--create", scheme, cwd=cwd, url=given))
+        assert scheme in ok(run("channels", "cli-plain", cwd=cwd, url=given)).split()
+
+
 def test_demo_runs_bounded_and_stops_cleanly(tmp_path: Path) -> None:
     result = run(
         "demo", "--duration", "2", "--port", "0", "--rate", "20", "--seed", "1", cwd=tmp_path
@@ -491,17 +504,27 @@ def test_admin_refuses_bad_options(db: Path) -> None:
     assert "does not exist" in one_line_error(run("admin", cwd=db / "elsewhere"))
 
 
-def test_a_missing_driver_names_the_right_extra_and_url(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("url", "module"),
+    [
+        ("mysql+mysqldb://root@127.0.0.1/test", "MySQLdb"),
+        ("mysql://root@127.0.0.1/test", "pymysql"),
+    ],
+)
+def test_a_missing_driver_names_the_right_extra_and_url(
+    tmp_path: Path, url: str, module: str
+) -> None:
     code = (
-        "import sys; sys.modules['MySQLdb'] = None; from novaque.cli import main; "
-        "sys.exit(main(['--url', 'mysql://root@127.0.0.1/test', 'topics']))"
+        f"import sys; sys.modules[{module!r}] = None; from novaque.cli import main; "
+        f"sys.exit(main(['--url', {url!r}, 'topics']))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=False
     )
     error = one_line_error(done)
     assert "pip install 'novaque[mysql]'" in error
-    assert "mysql+pymysql://" in error
+    if module == "MySQLdb":  # another driver than novaque's: its URL form is named
+        assert "mysql+pymysql://" in error
     assert "postgres" not in error
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import kombu.pools
 import pytest
+import sqlalchemy as sa
 
 import novaque.kombu
 from kombu import Connection, Exchange, Queue
@@ -29,7 +30,7 @@ from novaque.kombu import channel_name, topic_names
 from novaque.testing import FakeClock
 from tests import _procs
 from tests.celery_app import make_app
-from tests.conftest import Backend
+from tests.conftest import Backend, driverless
 
 ROOT = Path(__file__).resolve().parent.parent
 WAIT = 60.0
@@ -242,6 +243,25 @@ def test_deleting_a_queue_drops_the_bindings_another_process_made(
     client = backend.client()
     left = [t for t in client.list_topics() if "gone" in client.list_channels(t)]
     assert left == []
+
+
+def test_a_broker_url_whose_database_url_names_no_driver(backend: Backend) -> None:
+    """``novaque+postgres://`` (the form platforms give), ``novaque+postgresql://``,
+    ``novaque+mysql://``: novaque's driver, as for novaque.connect."""
+    try:
+        for given in driverless(backend):
+            scheme = sa.make_url(given).drivername
+            with Connection("novaque+" + given) as conn:
+                queue = Queue(scheme)(conn.default_channel)
+                queue.declare()
+                conn.Producer().publish({"via": scheme}, routing_key=scheme)
+                assert drain(conn, Queue(scheme)) == [{"via": scheme}]
+                driver = {"postgresql": "psycopg", "mysql": "pymysql", "sqlite": "pysqlite"}
+                engine = conn.default_channel.client.engine
+                assert engine.dialect.driver == driver[engine.dialect.name]
+    finally:
+        kombu.pools.reset()
+        novaque.kombu.shutdown_clients()
 
 
 # -- unacked messages are leases ----------------------------------------------------

@@ -22,6 +22,7 @@ from novaque.dialects.engines import (
     class_for,
     create_engine,
     for_engine,
+    normalise_url,
     own_engine,
     pool_size_for,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "class_for",
     "create_engine",
     "for_engine",
+    "normalise_url",
     "on_index",
     "own_engine",
     "pool_size_for",

@@ -253,6 +253,27 @@ _ASYNC_DRIVERS = {
 }
 
 
+def normalise_url(url: str | sa.URL, *, asynchronous: bool = False) -> sa.URL:
+    """``url`` as novaque connects to it.
+
+    ``postgres://`` (the form Heroku and many platforms give) is read as
+    ``postgresql://``, and a URL that names no driver gets novaque's, whatever
+    SQLAlchemy's own default for the scheme: psycopg 3 for
+    ``postgresql://``, PyMySQL for ``mysql://`` and ``mariadb://``; for the
+    asyncio client (``asynchronous``) psycopg, asyncmy and aiosqlite. A URL
+    that names a driver keeps it.
+    """
+    parsed = sa.make_url(url)
+    backend, plus, driver = parsed.drivername.partition("+")
+    if backend == "postgres":
+        backend = "postgresql"
+    form = (_ASYNC_DRIVERS if asynchronous else _DRIVERS).get(backend)
+    if not plus and form is not None:
+        return parsed.set(drivername=form[1].removesuffix("://"))
+    name = f"{backend}{plus}{driver}"
+    return parsed if name == parsed.drivername else parsed.set(drivername=name)
+
+
 def missing_driver(
     url: sa.URL, exc: ModuleNotFoundError, *, asynchronous: bool = False
 ) -> ModuleNotFoundError:
@@ -284,9 +305,10 @@ def create_engine(url: str | sa.URL, pool_size: int, *, asynchronous: bool = Fal
     """Build an engine for ``url`` with the settings novaque runs best with.
 
     ``asynchronous``: ``url`` names an asyncio driver; the result is then the
-    ``sync_engine`` of an ``AsyncEngine`` (wrap it in ``AsyncEngine``).
+    ``sync_engine`` of an ``AsyncEngine`` (wrap it in ``AsyncEngine``). ``url``
+    is read by :func:`normalise_url`.
     """
-    parsed = sa.make_url(url)
+    parsed = normalise_url(url, asynchronous=asynchronous)
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         try:
