@@ -11,6 +11,7 @@ test_testing_example_is_a_passing_pytest_project below).
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,8 @@ def run_sqlite_examples(doc: str, run: int) -> None:
             engine = getattr(getattr(value, "_executor", None), "engine", None)
             if isinstance(engine, sa.Engine):
                 engine.dispose()
+        if "novaque.kombu" in sys.modules:  # the Celery examples' clients
+            sys.modules["novaque.kombu"].shutdown_clients()
     assert ran >= 1
 
 

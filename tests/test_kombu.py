@@ -22,7 +22,9 @@ from typing import Any
 import kombu.pools
 import pytest
 import sqlalchemy as sa
+from celery import Celery
 
+import novaque
 import novaque.kombu
 from kombu import Connection, Exchange, Queue
 from novaque import _validate
@@ -346,6 +348,24 @@ def test_consumer_drains_with_prefetch_and_purge_counts(broker: str) -> None:
             producer.publish({"n": n})
         assert queue(conn.default_channel).purge() == 4
         assert drain(conn, queue) == []
+
+
+def test_celery_task_arguments_fit_in_three_quarters_of_max_body_bytes(broker: str) -> None:
+    """What the guide says of large task arguments: kombu sends them base64-encoded
+    in a JSON envelope, so the default 1 MiB body holds about 766 KiB of them."""
+
+    def send(size: int, **options: Any) -> None:
+        app = Celery("big", broker=broker, set_as_current=False)
+        app.conf.broker_transport_options = {"options": options}
+        try:
+            app.send_task("tests.big", args=["x" * size])
+        finally:
+            app.close()
+
+    send(764 * 1024)
+    with pytest.raises(novaque.MessageTooLarge, match="max_body_bytes=1048576"):
+        send(768 * 1024)
+    send(768 * 1024, max_body_bytes=2 * 1024 * 1024)
 
 
 # -- Celery workers -----------------------------------------------------------------
