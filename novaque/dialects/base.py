@@ -36,7 +36,8 @@ from novaque.schema import (
 )
 
 T = TypeVar("T")
-T_row = TypeVar("T_row", bound=tuple[Any, ...])
+#: A SELECT of any columns (its type kept through a locking clause added).
+SelectT = TypeVar("SelectT", bound=sa.Select[Any])
 
 d = deliveries
 m = messages
@@ -634,14 +635,14 @@ class Dialect:
         """
         raise NotImplementedError(f"{self.name} has no change watcher")
 
-    def read_latest(self, stmt: sa.Select[T_row]) -> sa.Select[T_row]:
+    def read_latest(self, stmt: SelectT) -> SelectT:
         """``stmt`` made to see the latest committed rows in the caller's transaction.
 
         A plain read does on PostgreSQL and SQLite (READ COMMITTED, one writer).
         """
         return stmt
 
-    def read_held(self, stmt: sa.Select[T_row]) -> sa.Select[T_row]:
+    def read_held(self, stmt: SelectT) -> SelectT:
         """``stmt``, a read of topic rows, as :meth:`read_latest` and holding them
         as :meth:`hold_topic` does."""
         return self.read_latest(stmt)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql as mysql_dialect
@@ -17,7 +17,7 @@ from novaque.dialects.base import (
     Dialect,
     DriverPublished,
     NotifyListener,
-    T_row,
+    SelectT,
     _channel_lease,
     _claim_ids,
     _claim_range,
@@ -241,10 +241,7 @@ def _plan_channels(plan: str) -> list[tuple[int, int | None]] | None:
     return found
 
 
-_SelectT = TypeVar("_SelectT", bound=sa.Select[Any])
-
-
-def on_index(select: _SelectT, table: sa.Table, index: str) -> _SelectT:
+def on_index(select: SelectT, table: sa.Table, index: str) -> SelectT:
     """``select`` reading ``table`` through ``index`` on MySQL and MariaDB (a
     ``FORCE INDEX`` hint); unchanged on the other databases.
 
@@ -782,7 +779,7 @@ class MySQLDialect(Dialect):
             conn.execute(self._delete_ids, {"p_ids": held})
         return set(held)
 
-    def read_latest(self, stmt: sa.Select[T_row]) -> sa.Select[T_row]:
+    def read_latest(self, stmt: SelectT) -> SelectT:
         # REPEATABLE READ (MySQL's default) reads an older snapshot; a locking
         # read sees the latest commit, and keeps the row until ours ends.
         return stmt.with_for_update(read=True)

@@ -19,7 +19,7 @@ from novaque.dialects.base import (
     Dialect,
     DriverPublished,
     NotifyListener,
-    T_row,
+    SelectT,
     _claim_params,
     d,
     leasing,
@@ -527,7 +527,7 @@ class PostgresDialect(Dialect):
         found = conn.execute(stmt, row).scalar_one_or_none()
         return None if found is None else int(found)
 
-    def read_held(self, stmt: sa.Select[T_row]) -> sa.Select[T_row]:
+    def read_held(self, stmt: SelectT) -> SelectT:
         return stmt.with_for_update(key_share=True)
 
     def hold_topic(self, conn: sa.Connection, topic_id: int) -> bool:
