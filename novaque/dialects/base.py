@@ -585,8 +585,9 @@ class Dialect:
     ) -> tuple[dict[int, int], bool]:
         """One delivery per (message, plain channel the topic has now): the count
         per channel, and whether the topic has routed channels (see
-        :meth:`publish_plain`)."""
-        found = conn.execute(_channels_of_topic, {"p_topic_id": topic_id}).all()
+        :meth:`publish_plain`). The channels are read with :meth:`read_held`, as
+        the routed ones are (:mod:`novaque.ops.publish`)."""
+        found = conn.execute(self.read_held(_channels_of_topic), {"p_topic_id": topic_id}).all()
         special = any(not r[2] for r in found)
         # A channel's max_attempts setting replaces the publish's.
         budgets = {r[0]: max_attempts if r[1] is None else r[1] for r in found if r[2]}
@@ -643,8 +644,10 @@ class Dialect:
         return stmt
 
     def read_held(self, stmt: SelectT) -> SelectT:
-        """``stmt``, a read of topic rows, as :meth:`read_latest` and holding them
-        as :meth:`hold_topic` does."""
+        """``stmt``, a read of topic or channel rows, as :meth:`read_latest` and
+        holding them as :meth:`hold_topic` does (where no foreign key holds a
+        channel, a transaction that read it before it was deleted then fails
+        instead of writing to it)."""
         return self.read_latest(stmt)
 
     def insert_ignore(self, conn: sa.Connection, table: sa.Table, values: dict[str, Any]) -> None:

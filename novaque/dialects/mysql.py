@@ -47,10 +47,23 @@ from novaque.schema import (
 MIGRATION_LOCK_NAME = "novaque_migrate"
 
 _routed = channels.alias("routed")
-#: Whether the topic has routed channels (see Dialect.publish_plain).
+#: Whether the topic has routed channels (see Dialect.publish_plain). In the
+#: RETURNING of the fan-out's INSERT ... SELECT a locking read, as the rest of
+#: that statement (the latest committed channels, whatever the snapshot of a
+#: caller's REPEATABLE READ transaction); elsewhere :data:`_routed_exists_held`.
 _routed_exists = sa.exists().where(
     _routed.c.topic_id == sa.bindparam("p_topic_id"),
     sa.not_(sa.and_(_routed.c.filter_expr.is_(None), _routed.c.ordering == 0)),
+)
+#: :data:`_routed_exists` as a locking read of its own (LOCK IN SHARE MODE in
+#: the subquery): the channels the plain fan-out saw, not the snapshot's.
+_routed_exists_held = sa.exists(
+    sa.select(sa.literal(1))
+    .where(
+        _routed.c.topic_id == sa.bindparam("p_topic_id"),
+        sa.not_(sa.and_(_routed.c.filter_expr.is_(None), _routed.c.ordering == 0)),
+    )
+    .with_for_update(read=True)
 )
 
 
@@ -531,7 +544,7 @@ class MySQLDialect(Dialect):
         )
         .returning(d.c.channel_id, _routed_exists)
     )
-    _has_routed = sa.select(_routed_exists)
+    _has_routed = sa.select(_routed_exists_held)
     #: MariaDB's one-message publish in one round trip instead of three: a
     #: compound statement (``BEGIN NOT ATOMIC``, MariaDB 10.1+; one statement
     #: to the protocol, so no multi-statement flag) that inserts the message
@@ -704,7 +717,8 @@ class MySQLDialect(Dialect):
 
     #: MariaDB's fan-out of a batch (see :meth:`_fan_out_counted`): the
     #: deliveries written, then counted per channel by the server, and
-    #: whether the topic has routed channels, in one round trip.
+    #: whether the topic has routed channels (a locking read, as the
+    #: INSERT's: the latest committed channels), in one round trip.
     _fan_out_block = (
         "BEGIN NOT ATOMIC "
         f"INSERT INTO {d.name} (message_id, channel_id, state, visible_at, attempts, "
@@ -716,7 +730,8 @@ class MySQLDialect(Dialect):
         f"SELECT channel_id, count(*) FROM {d.name} WHERE message_id IN {{ids}} "
         "GROUP BY channel_id "
         f"UNION ALL SELECT NULL, EXISTS (SELECT 1 FROM {channels.name} "
-        f"WHERE topic_id = %(topic_id)s AND NOT ({PLAIN_CHANNEL_SQL.format(c='')})); END"
+        f"WHERE topic_id = %(topic_id)s AND NOT ({PLAIN_CHANNEL_SQL.format(c='')}) "
+        "LOCK IN SHARE MODE); END"
     )
 
     def _fan_out_counted(

@@ -173,6 +173,11 @@ def publish_one(
     return Published([message_id], Counter(fanout), now, 1, None, plan=next_plan)
 
 
+#: The routed channels of a topic, read as the plain fan-out reads the plain
+#: ones (:meth:`~novaque.dialects.Dialect.read_held`): the latest committed,
+#: held until the transaction ends, even in a caller's REPEATABLE READ
+#: transaction whose snapshot is older (MariaDB would read a filter or an
+#: ordering as it was then; PostgreSQL would write to a channel deleted since).
 _routed_channels = (
     sa.select(channels.c.id, channels.c.filter_expr, channels.c.max_attempts, channels.c.ordering)
     .where(channels.c.topic_id == sa.bindparam("p_topic_id"), ~plain_channel)
@@ -206,7 +211,7 @@ def _fan_out_routed(
     decoded = _validate.decode_headers(headers)
     rows: list[dict[str, Any]] = []
     fanout: Counter[int] = Counter()
-    found = conn.execute(_routed_channels, {"p_topic_id": topic_id}).all()
+    found = conn.execute(dialect.read_held(_routed_channels), {"p_topic_id": topic_id}).all()
     # The messages of one publish share their headers and topic: a filter's
     # verdict depends on the group alone, so it is evaluated once per group.
     verdicts: dict[tuple[str, str | None], bool | str] = {}
