@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -45,6 +45,8 @@ class Published:
     ``declined``: it has, and the publish ran as one statement outside a
     transaction (``routed=False``): nothing was written; publish again with
     ``routed=True`` in a transaction. ``warnings``: filters that failed.
+    ``filters``: the filters of the topic's channels as the publish read
+    them (None: not read), to evaluate before the next publish to it.
     """
 
     ids: list[int]
@@ -58,6 +60,7 @@ class Published:
     #: The driver path's plan of the topic for its next publish (see
     #: :meth:`novaque.dialects.Dialect.publish_one_driver`), or None.
     plan: str | None = None
+    filters: frozenset[str] | None = None
 
     def effects(self, topic: str) -> Effects:
         """After the commit: count the deliveries and wake local consumers, or
@@ -98,10 +101,12 @@ def publish(
     max_attempts: int,
     groups: Sequence[str | None] | None = None,
     routed: bool = True,
+    verdicts: Verdicts | None = None,
 ) -> Published:
     """Publish ``bodies`` to ``topic``; with ``topic_id`` None the id is read (the
     topic created if missing) in this transaction. ``routed=False``: see
-    :attr:`Published.declined`."""
+    :attr:`Published.declined`. ``verdicts``: filters evaluated before the
+    transaction (:func:`evaluate`); the others are evaluated in it."""
     learned = None
     if topic_id is None:
         topic_id = learned = topic_id_in(conn, dialect, now, topic)
@@ -125,22 +130,25 @@ def publish(
     if special and not ids:
         return Published([], Counter(), now, 0, learned, routed=True, declined=True)
     warnings: list[str] = []
+    filters = None if special else frozenset[str]()
     if special and fresh:
         group_of: dict[int, Any] = {i: row["group_key"] for i, row in zip(ids, rows, strict=True)}
-        fanout.update(
-            _fan_out_routed(
-                conn,
-                dialect,
-                topic,
-                topic_id,
-                {i: group_of.get(i) for i in fresh},
-                headers,
-                now + delay_us,
-                max_attempts,
-                warnings,
-            )
+        routed_fanout, filters = _fan_out_routed(
+            conn,
+            dialect,
+            topic,
+            topic_id,
+            {i: group_of.get(i) for i in fresh},
+            headers,
+            now + delay_us,
+            max_attempts,
+            warnings,
+            {} if verdicts is None else verdicts,
         )
-    return Published(ids, fanout, now, len(fresh), learned, special, False, tuple(warnings))
+        fanout.update(routed_fanout)
+    return Published(
+        ids, fanout, now, len(fresh), learned, special, False, tuple(warnings), filters=filters
+    )
 
 
 def publish_one(
@@ -185,6 +193,33 @@ _routed_channels = (
 )
 
 
+#: Filters' verdicts on the messages of one publish, by (filter, group): True,
+#: False, or (failing closed) the text of the error.
+Verdicts = dict[tuple[str, str | None], bool | str]
+
+
+def evaluate(
+    filters: Iterable[str],
+    headers: str | None,
+    groups: Iterable[str | None],
+    topic: str,
+    verdicts: Verdicts | None = None,
+) -> Verdicts:
+    """``verdicts`` (a new dict if None) with the verdicts of ``filters`` on
+    messages of ``topic`` with ``headers`` (as stored) and ``groups`` that it
+    lacks. The messages of one publish share their headers and topic: a
+    filter's verdict depends on the group alone."""
+    found: Verdicts = {} if verdicts is None else verdicts
+    decoded: dict[str, str] | None = None
+    for text in filters:
+        for group in set(groups):
+            if (text, group) not in found:
+                if decoded is None:
+                    decoded = _validate.decode_headers(headers)
+                found[(text, group)] = _filters.matches(text, decoded, group, topic)
+    return found
+
+
 def order_key(ordering: int, group: str | None) -> str | None:
     """A delivery's key in its channel's ordering (see novaque.ops._groups)."""
     if ordering == ORDERINGS["strict_fifo"]:
@@ -204,26 +239,26 @@ def _fan_out_routed(
     visible: int,
     max_attempts: int,
     warnings: list[str],
-) -> Counter[int]:
+    verdicts: Verdicts,
+) -> tuple[Counter[int], frozenset[str]]:
     """The deliveries of the routed channels (a filter, an ordering) of messages
     ``message_groups`` (id: group): those whose filter takes the message
-    (failing closed, the error added to ``warnings``), ordered in their groups."""
-    decoded = _validate.decode_headers(headers)
+    (failing closed, the error added to ``warnings``), ordered in their
+    groups; and the filters of those channels. ``verdicts``: the filters'
+    verdicts evaluated before, the others added."""
     rows: list[dict[str, Any]] = []
     fanout: Counter[int] = Counter()
     found = conn.execute(dialect.read_held(_routed_channels), {"p_topic_id": topic_id}).all()
-    # The messages of one publish share their headers and topic: a filter's
-    # verdict depends on the group alone, so it is evaluated once per group.
-    verdicts: dict[tuple[str, str | None], bool | str] = {}
+    filters = frozenset(expression for _, expression, _, _ in found if expression is not None)
+    evaluate(filters, headers, message_groups.values(), topic, verdicts)
+    warned: set[tuple[str, str | None]] = set()
     for channel_id, expression, budget, ordering in found:
         for message_id, group in message_groups.items():
             if expression is not None:
-                verdict = verdicts.get((expression, group))
-                if verdict is None:
-                    verdict = _filters.matches(expression, decoded, group, topic)
-                    verdicts[(expression, group)] = verdict
-                    if isinstance(verdict, str):
-                        warnings.append(f"channel {channel_id} of topic {topic}: {verdict}")
+                verdict = verdicts[(expression, group)]
+                if isinstance(verdict, str) and (expression, group) not in warned:
+                    warned.add((expression, group))
+                    warnings.append(f"channel {channel_id} of topic {topic}: {verdict}")
                 if verdict is not True:
                     continue
             rows.append(
@@ -241,7 +276,7 @@ def _fan_out_routed(
     insert_deliveries(conn, dialect, rows)
     if rows:
         dialect.notify(conn, topic)
-    return fanout
+    return fanout, filters
 
 
 def insert_deliveries(
