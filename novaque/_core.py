@@ -40,6 +40,18 @@ from novaque.schema import (
 
 __all__ = ["CoreClient"]
 
+#: How often a publish of novaque's own is tried with its filters evaluated
+#: before its transaction when they change meanwhile (see
+#: CoreClient._publish_evaluated); the try after evaluates them in it.
+EVALUATION_TRIES = 3
+
+
+def _groups_of(params: dict[str, Any]) -> list[str | None]:
+    """The groups of a publish's messages (``params`` as _write_messages makes them)."""
+    groups: list[str | None] = params["groups"] or [None]
+    return groups
+
+
 #: Topics a publish without any channel was logged for (once per process).
 _warned_no_channel: set[str] = set()
 #: Clients that counted something: their counters are flushed at a clean exit.
@@ -147,6 +159,10 @@ class CoreClient:
         #: The driver path's plan of each topic, from its last publish there
         #: (checked by the database, so a stale one costs time, not deliveries).
         self._plans: dict[str, str] = {}
+        #: The filters of each topic's channels as its last publish read them,
+        #: evaluated before the next one's transaction (a hint: the
+        #: transaction reads them again, see _publish_evaluated).
+        self._topic_filters: dict[str, frozenset[str]] = {}
         #: The operations with a driver path on this engine (set at first use).
         self._driver_ops: frozenset[str] | None = None
         self._wake_lock = threading.Lock()
@@ -490,10 +506,15 @@ class CoreClient:
                 self._ready()
             else:
                 self._ready_elsewhere(connection)
+            # The topic's filters known here evaluated before the publish writes
+            # (on SQLite, before the caller's transaction may take the write
+            # lock); those met in it that were not are evaluated there.
+            verdicts = self._verdicts(topic, params) if ours else None
             done = publish_op.publish(
-                connection, self._dialect, self._now(), topic_id=None, **params
+                connection, self._dialect, self._now(), topic_id=None, verdicts=verdicts, **params
             )
             if ours:
+                self._learn_filters(topic, done)
                 # Not cached: the id is the caller's transaction's until it commits.
                 effects = dataclasses.replace(done.effects(topic), topic_ids=())
                 _after_commit(connection, lambda: self._apply(effects))
@@ -539,26 +560,70 @@ class CoreClient:
                 elif done.plan is not None:
                     self._plans[topic] = done.plan
             if done is None:
-                done = self._run_timed(
-                    "publish" if one else "",
-                    publish_op.publish,
-                    topic_id=topic_id,
-                    routed=not one,
-                    **params,
+                done = self._publish_evaluated(
+                    "publish" if one else "", topic, params, topic_id=topic_id, routed=not one
                 )
             if done.declined:  # routed channels after all: nothing was written
                 self._routed_topics.add(topic)
-                done = self._run_timed("", publish_op.publish, topic_id=topic_id, **params)
+                done = self._publish_evaluated("", topic, params, topic_id=topic_id)
         except (sa.exc.IntegrityError, TopicGone):
             # A cached topic id may belong to a topic deleted elsewhere (ids are
             # never reused, so it cannot name another topic): look it up again.
             if self._topic_ids.pop(topic, None) is None:
                 raise
-            done = self._run_timed("", publish_op.publish, topic_id=None, **params)
+            done = self._publish_evaluated("", topic, params, topic_id=None)
         if not done.routed:
             self._routed_topics.discard(topic)
+            self._topic_filters.pop(topic, None)
         self._apply(done.effects(topic))
         return done.ids
+
+    def _publish_evaluated(
+        self, op: str, topic: str, params: dict[str, Any], **how: Any
+    ) -> publish_op.Published:
+        """:func:`novaque.ops.publish.publish` of ``params`` in novaque's own
+        transaction (``op``: as for :meth:`_run`; ``how``: its ``topic_id`` and
+        ``routed``), the topic's filters evaluated before the transaction
+        begins: evaluated in it, they would hold its locks meanwhile (on SQLite
+        the database's write lock, which every other writer waits for).
+
+        The filters evaluated are those the topic's last publish read. The
+        transaction reads the channels again and finds each verdict by the
+        filter's text; one it lacks (a filter set or changed since) rolls it
+        back (:class:`~novaque.ops.publish.Unevaluated`), to be evaluated and
+        published again. Should the filters change at every try, the last
+        evaluates them in the transaction."""
+        verdicts = self._verdicts(topic, params)
+        for _ in range(EVALUATION_TRIES):
+            try:
+                done = self._run_timed(
+                    op, publish_op.publish, verdicts=verdicts, evaluate_here=False, **how, **params
+                )
+            except publish_op.Unevaluated as met:
+                self._topic_filters[topic] = met.filters
+                self._verdicts(topic, params, verdicts)
+                continue
+            self._learn_filters(topic, done)
+            return done
+        done = self._run_timed(op, publish_op.publish, verdicts=verdicts, **how, **params)
+        self._learn_filters(topic, done)
+        return done
+
+    def _verdicts(
+        self, topic: str, params: dict[str, Any], verdicts: publish_op.Verdicts | None = None
+    ) -> publish_op.Verdicts:
+        """``verdicts`` (a new dict if None) with those it lacks of the filters
+        last read for ``topic`` (none if it has none) on the messages of
+        ``params``."""
+        filters = self._topic_filters.get(topic, ())
+        return publish_op.evaluate(filters, params["headers"], _groups_of(params), topic, verdicts)
+
+    def _learn_filters(self, topic: str, done: publish_op.Published) -> None:
+        """Keep the filters a publish read of ``topic``'s channels, if it read them."""
+        if done.filters:
+            self._topic_filters[topic] = done.filters
+        elif done.filters is not None:
+            self._topic_filters.pop(topic, None)
 
     def _on_driver(self, op: str) -> bool:
         """Whether operation ``op`` takes the driver path

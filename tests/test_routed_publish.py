@@ -1,11 +1,13 @@
 """Publishing to routed channels (a filter, an ordering) while their settings
-change: the routed channels read as the plain ones are, in the caller's
-transaction too (MariaDB's REPEATABLE READ, PostgreSQL's REPEATABLE READ); on
-both twins."""
+change: filters evaluated outside the publish's transaction, and the routed
+channels read as the plain ones are, in novaque's transactions and in the
+caller's (MariaDB's REPEATABLE READ, PostgreSQL's REPEATABLE READ); on both
+twins."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -14,10 +16,18 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 import novaque
+from novaque import _filters
+from novaque._core import EVALUATION_TRIES
 from tests._twin import async_url
 from tests.conftest import Backend
 
 pytestmark = pytest.mark.usefixtures("twin")
+
+GOLD = 'headers["tier"] == "gold"'
+SILVER = 'headers["tier"] == "silver"'
+#: How long a test waits for another thread before calling it stuck (a hang
+#: turned into a failure; nothing here depends on how long anything takes).
+STUCK = 30.0
 
 
 def bodies(client: novaque.Client, topic: str, channel: str) -> list[bytes]:
@@ -43,6 +53,173 @@ def sync_client(backend: Backend) -> novaque.Client:
     made = novaque.Client(backend.engine())
     backend.clients.append(made)
     return made
+
+
+# -- filters evaluated before the publish's transaction -----------------------------------
+
+
+class Blocking:
+    """``_filters.matches`` made to stop, the first time it evaluates a message
+    with the header ``block``, until the test releases it."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self._real = _filters.matches
+        self._done = False
+        monkeypatch.setattr(_filters, "matches", self.matches)
+
+    def matches(
+        self, text: str, headers: Mapping[str, str], group: str | None, topic: str
+    ) -> bool | str:
+        if "block" in headers and not self._done:
+            self._done = True
+            self.entered.set()
+            assert self.release.wait(STUCK)
+        return self._real(text, headers, group, topic)
+
+
+@contextmanager
+def publishing(client: novaque.Client, topic: str, body: bytes, **kwargs: Any) -> Iterator[None]:
+    """``client.publish(topic, body, **kwargs)`` on a thread while the block runs;
+    joined (and its error raised) at the end."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            client.publish(topic, body, **kwargs)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join(STUCK)
+    assert not thread.is_alive(), "the publish did not end"
+    if errors:
+        raise errors[0]
+
+
+def finishes(fn: Any) -> bool:
+    """Whether ``fn()``, run on a thread, ends (the test's safety net: a call
+    that waits for a lock held until the test goes on would never end)."""
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    ended = done.wait(STUCK)
+    if errors:
+        raise errors[0]
+    return ended
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["first-publish", "filters-known"])
+def test_a_filter_being_evaluated_holds_no_lock_another_writer_needs(
+    backend: Backend, client: novaque.Client, monkeypatch: pytest.MonkeyPatch, warm: bool
+) -> None:
+    client.ensure_channel("t", "gold", filter=GOLD)
+    other = sync_client(backend)
+    other.ensure_channel("elsewhere", "c")
+    if warm:  # the client has seen the topic's filters
+        client.publish("t", b"warm-up", headers={"tier": "gold"})
+    blocking = Blocking(monkeypatch)
+    with publishing(client, "t", b"slow", headers={"tier": "gold", "block": "1"}):
+        assert blocking.entered.wait(STUCK)
+        # While the filter is evaluated, another writer of the database goes on.
+        try:
+            assert finishes(lambda: other.publish("elsewhere", b"unrelated"))
+        finally:
+            blocking.release.set()
+    assert bodies(other, "elsewhere", "c") == [b"unrelated"]
+    assert bodies(client, "t", "gold") == ([b"warm-up"] if warm else []) + [b"slow"]
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["first-publish", "filters-known"])
+def test_settings_changed_while_a_filter_is_evaluated_hold_for_that_publish(
+    backend: Backend, client: novaque.Client, monkeypatch: pytest.MonkeyPatch, warm: bool
+) -> None:
+    client.ensure_channel("t", "c", filter=GOLD)
+    client.ensure_channel("t", "gone", filter=SILVER)
+    client.ensure_channel("t", "plain-now", filter=GOLD)
+    if warm:
+        client.publish("t", b"warm-up", headers={"tier": "gold"})
+        bodies(client, "t", "c")
+        bodies(client, "t", "plain-now")
+    operator = sync_client(backend)
+    blocking = Blocking(monkeypatch)
+    with publishing(client, "t", b"x", headers={"tier": "silver", "block": "1"}):
+        assert blocking.entered.wait(STUCK)
+        # The filters evaluated so far are GOLD and SILVER: every one changes
+        # before the publish's transaction starts.
+        try:
+            assert finishes(lambda: operator.ensure_channel("t", "c", filter=SILVER))
+            assert finishes(lambda: operator.delete_channel("t", "gone"))
+            assert finishes(lambda: operator.ensure_channel("t", "plain-now", filter=""))
+            assert finishes(lambda: operator.ensure_channel("t", "new", filter=SILVER))
+            assert finishes(lambda: operator.ensure_channel("t", "new-gold", filter=GOLD))
+        finally:
+            blocking.release.set()
+    assert bodies(client, "t", "c") == [b"x"]  # its filter is SILVER now
+    assert bodies(client, "t", "plain-now") == [b"x"]
+    assert bodies(client, "t", "new") == [b"x"]
+    assert bodies(client, "t", "new-gold") == []
+    assert orphans(backend) == 0
+
+
+def test_filters_that_change_at_every_try_are_evaluated_in_the_last_one(
+    backend: Backend, client: novaque.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client.ensure_channel("t", "c", filter=GOLD)
+    client.publish("t", b"warm-up", headers={"tier": "gold"})
+    operator = sync_client(backend)
+    real = _filters.matches
+    texts: list[str] = []
+
+    def changing(text: str, headers: Mapping[str, str], group: str | None, topic: str) -> Any:
+        texts.append(text)
+        # Each evaluation before a try sees the filter changed once more,
+        # until the try after the last (in its transaction: no change there).
+        if len(texts) <= EVALUATION_TRIES + 1:
+            operator.ensure_channel("t", "c", filter=f'{SILVER} && "try" != "{len(texts)}"')
+        return real(text, headers, group, topic)
+
+    monkeypatch.setattr(_filters, "matches", changing)
+    client.publish("t", b"x", headers={"tier": "silver"})
+    assert len(texts) == EVALUATION_TRIES + 2
+    assert texts[-1] == f'{SILVER} && "try" != "{EVALUATION_TRIES + 1}"'
+    assert bodies(client, "t", "c") == [b"warm-up", b"x"]
+
+
+def test_a_removed_filter_is_no_longer_evaluated(
+    client: novaque.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client.ensure_channel("t", "c", filter=GOLD)
+    client.publish("t", b"gold", headers={"tier": "gold"})
+    client.ensure_channel("t", "c", filter="")
+    evaluated: list[str] = []
+    real = _filters.matches
+
+    def counting(text: str, headers: Mapping[str, str], group: str | None, topic: str) -> Any:
+        evaluated.append(text)
+        return real(text, headers, group, topic)
+
+    monkeypatch.setattr(_filters, "matches", counting)
+    client.publish("t", b"any")  # GOLD, known from the last publish, evaluated in vain
+    evaluated.clear()
+    client.publish("t", b"again")
+    client.publish_many("t", [b"more"], groups=["g"])
+    assert evaluated == []
+    assert bodies(client, "t", "c") == [b"gold", b"any", b"again", b"more"]
 
 
 # -- the caller's transaction: settings committed after its snapshot ----------------------

@@ -102,11 +102,13 @@ def publish(
     groups: Sequence[str | None] | None = None,
     routed: bool = True,
     verdicts: Verdicts | None = None,
+    evaluate_here: bool = True,
 ) -> Published:
     """Publish ``bodies`` to ``topic``; with ``topic_id`` None the id is read (the
     topic created if missing) in this transaction. ``routed=False``: see
     :attr:`Published.declined`. ``verdicts``: filters evaluated before the
-    transaction (:func:`evaluate`); the others are evaluated in it."""
+    transaction (:func:`evaluate`); the others are evaluated in it, or with
+    ``evaluate_here=False`` raise :class:`Unevaluated`."""
     learned = None
     if topic_id is None:
         topic_id = learned = topic_id_in(conn, dialect, now, topic)
@@ -144,6 +146,7 @@ def publish(
             max_attempts,
             warnings,
             {} if verdicts is None else verdicts,
+            evaluate_here,
         )
         fanout.update(routed_fanout)
     return Published(
@@ -198,6 +201,19 @@ _routed_channels = (
 Verdicts = dict[tuple[str, str | None], bool | str]
 
 
+class Unevaluated(Exception):
+    """A publish met filters that were not evaluated before its transaction
+    (``evaluate_here=False``): raised there, so that the transaction rolls
+    back instead of holding its locks while they are evaluated (on SQLite the
+    database's write lock, which every writer of the file waits for).
+    ``filters``: those of the topic's channels as the transaction read them;
+    evaluate them (:func:`evaluate`) and publish again."""
+
+    def __init__(self, filters: frozenset[str]) -> None:
+        super().__init__(f"{len(filters)} filters to evaluate before the publish")
+        self.filters = filters
+
+
 def evaluate(
     filters: Iterable[str],
     headers: str | None,
@@ -240,17 +256,27 @@ def _fan_out_routed(
     max_attempts: int,
     warnings: list[str],
     verdicts: Verdicts,
+    evaluate_here: bool,
 ) -> tuple[Counter[int], frozenset[str]]:
     """The deliveries of the routed channels (a filter, an ordering) of messages
     ``message_groups`` (id: group): those whose filter takes the message
     (failing closed, the error added to ``warnings``), ordered in their
     groups; and the filters of those channels. ``verdicts``: the filters'
-    verdicts evaluated before, the others added."""
+    verdicts evaluated before, the others added (``evaluate_here``) or
+    :class:`Unevaluated` raised.
+
+    The channels' settings are read here, in the transaction: a verdict is
+    found by the filter's text, so one evaluated for a filter changed since
+    is never used."""
     rows: list[dict[str, Any]] = []
     fanout: Counter[int] = Counter()
     found = conn.execute(dialect.read_held(_routed_channels), {"p_topic_id": topic_id}).all()
     filters = frozenset(expression for _, expression, _, _ in found if expression is not None)
-    evaluate(filters, headers, message_groups.values(), topic, verdicts)
+    groups = set(message_groups.values())
+    if evaluate_here:
+        evaluate(filters, headers, groups, topic, verdicts)
+    elif any((text, group) not in verdicts for text in filters for group in groups):
+        raise Unevaluated(filters)
     warned: set[tuple[str, str | None]] = set()
     for channel_id, expression, budget, ordering in found:
         for message_id, group in message_groups.items():
