@@ -42,13 +42,14 @@ MAX_ID = 2**63 - 1
 #: What no backend stores in text: NUL (PostgreSQL refuses it) and lone
 #: surrogates (not encodable as UTF-8, which every driver sends).
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def storable(text: str) -> str:
     """``text`` as every backend can store it: NUL and lone surrogates become U+FFFD.
 
-    For text novaque keeps but does not look up by (error texts, reasons,
-    headers): what a handler raised must never make a settle fail.
+    For text novaque keeps but does not look up by (error texts, reasons):
+    what a handler raised must never make a settle fail.
     """
     return _UNSTORABLE.sub("\ufffd", text)
 
@@ -95,7 +96,13 @@ def body(value: object, max_bytes: int) -> bytes:
 
 
 def headers(value: object) -> str | None:
-    """Headers as stored: a JSON object of str -> str, or None when empty."""
+    """Headers as stored: a JSON object of str -> str, or None when empty.
+
+    Read back exactly as given: JSON holds NUL and the other control
+    characters as escapes, and everything else as UTF-8. A key or value
+    holding a lone surrogate (no character: UTF-8 cannot encode it, and
+    JSON's escapes would join two of them into one character) is refused.
+    """
     if value is None:
         return None
     if not isinstance(value, Mapping):
@@ -108,15 +115,31 @@ def headers(value: object) -> str | None:
             )
     if not value:
         return None
-    # Keys made equal by the replacement: the last in sorted order wins.
-    clean = {storable(key): storable(item) for key, item in sorted(value.items())}
-    text = json.dumps(clean, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
-    size = len(text.encode("utf-8"))
+    text = json.dumps(dict(value), ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidOption(_surrogate_in(value)) from None
     if size > MAX_HEADERS_BYTES:
         raise InvalidOption(
             f"headers take {size} bytes as JSON; the limit is {MAX_HEADERS_BYTES} bytes"
         )
     return text
+
+
+def _surrogate_in(value: Mapping[str, str]) -> str:
+    """What is wrong with headers whose JSON UTF-8 cannot encode: the first key
+    or value (in sorted order) holding a lone surrogate."""
+    for key, item in sorted(value.items()):
+        for text, where in ((key, f"headers key {key[:60]!r}"), (item, f"headers[{key[:60]!r}]")):
+            bad = _SURROGATE.search(text)
+            if bad is not None:
+                return (
+                    f"{where} holds {bad.group()!r} at index {bad.start()}: header keys and "
+                    "values may not contain lone surrogates (U+D800-U+DFFF, what "
+                    "os.fsdecode makes of bytes that are not UTF-8), which UTF-8 cannot encode"
+                )
+    raise AssertionError("unreachable: only a surrogate fails to encode")  # pragma: no cover
 
 
 def decode_headers(text: str | None) -> dict[str, str]:

@@ -610,15 +610,19 @@ def test_ids_beyond_64_bits_are_400(web: WSGIClient, client: novaque.Client) -> 
     assert web.post(f"{base}/delete", {"ids": [2**63 - 1]}).json() == {"deleted": 0}
 
 
-def test_headers_the_database_cannot_store_are_published_replaced(
+def test_headers_are_published_exactly_or_refused_naming_the_key(
     web: WSGIClient, client: novaque.Client
 ) -> None:
     client.ensure_channel("orders", "billing")
     web.login()
-    raw = b'{"body": "x", "headers": {"k\\u0000": "v\\udcff"}}'
+    raw = b'{"body": "x", "headers": {"k\\u0000": "v\\u0000"}}'
     reply = web.request("POST", "/admin/api/topics/orders/publish", raw=raw)
     assert reply.status == 201
-    assert client.get_message(reply.json()["id"]).headers == {"k\ufffd": "v\ufffd"}
+    assert client.get_message(reply.json()["id"]).headers == {"k\x00": "v\x00"}
+    raw = b'{"body": "x", "headers": {"k": "v\\udcff"}}'
+    reply = web.request("POST", "/admin/api/topics/orders/publish", raw=raw)
+    assert reply.status == 400
+    assert reply.json()["error"].startswith("headers['k'] holds '\\udcff' at index 1: ")
 
 
 # -- DESIGN §9: deferred and waiting time, redrive, cancel -------------------------------------

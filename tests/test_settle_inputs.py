@@ -107,21 +107,6 @@ def test_a_handler_raising_unstorable_text_is_retried_then_dead_with_it_replaced
     assert dead[rejected].reason == f"{REPLACED}{REPLACED}"
 
 
-def test_headers_with_nul_and_lone_surrogates_are_stored_replaced(
-    client: novaque.Client,
-) -> None:
-    client.ensure_channel("t", "c")
-    sent = {f"key{SURROGATE}": f"value\x00{SURROGATE}", "plain": "ok"}
-    message_id = client.publish("t", b"x", headers=sent)
-    [many] = client.publish_many("t", [b"y"], headers={"k": "\x00"})
-    want = {f"key{REPLACED}": f"value{REPLACED}{REPLACED}", "plain": "ok"}
-    assert client.get_message(message_id).headers == want
-    assert client.get_message(many).headers == {"k": REPLACED}
-    first, second = client.claim("t", "c", max_messages=2)
-    assert (first.headers, second.headers) == (want, {"k": REPLACED})
-    client.ack_many([first, second])
-
-
 def test_a_body_str_with_a_lone_surrogate_is_refused(
     backend: Backend, client: novaque.Client
 ) -> None:

@@ -167,6 +167,60 @@ def test_headers_up_to_what_every_backend_stores(backend: Backend, client: novaq
     assert table_counts(backend) == (1, 1)
 
 
+#: Header text that JSON keeps exactly (NUL and the other control characters
+#: as escapes, whatever else as UTF-8), read back as given on every backend.
+EXACT_HEADERS = {
+    "nul": "a\x00b",
+    "key\x00": "v",
+    "controls": "\x01\t\n\x1f\x7f\x9f",
+    'quote"\\': "\\u0000 is six characters here",
+    "ümlaut ✓": "😀 \u2028 \ufeff \ufffd",
+    "": "",
+}
+
+
+def test_headers_come_back_exactly_as_published(backend: Backend, client: novaque.Client) -> None:
+    client.ensure_channel("t", "c")
+    # The filter reads the headers as stored: "a\x00b" is three characters.
+    client.ensure_channel("t", "filtered", filter='headers["nul"].size() == 3')
+    message_id = client.publish("t", b"x", headers=EXACT_HEADERS)
+    [many] = client.publish_many("t", [b"y"], headers={"k": "\x00"})
+    assert client.get_message(message_id).headers == EXACT_HEADERS
+    assert client.get_message(many).headers == {"k": "\x00"}
+    first, second = client.claim("t", "c", max_messages=2)
+    assert (first.headers, second.headers) == (EXACT_HEADERS, {"k": "\x00"})
+    (routed,) = client.claim("t", "filtered")
+    assert (routed.id, routed.headers) == (message_id, EXACT_HEADERS)
+    # NUL is stored as JSON's escape, which every backend's text holds.
+    with backend.engine().connect() as conn:
+        stored = conn.execute(sa.select(messages.c.headers).where(messages.c.id == many)).scalar()
+    assert stored == '{"k":"\\u0000"}'
+
+
+@pytest.mark.parametrize(
+    ("headers", "shown"),
+    [
+        ({"path": "caf\udce9"}, "headers['path'] holds '\\udce9' at index 3"),
+        (
+            {"ok": "v", "bad\ud800key": "v"},
+            "headers key 'bad\\ud800key' holds '\\ud800' at index 3",
+        ),
+        # Two surrogates are no character of a str, and JSON would join them into one.
+        ({"pair": "\ud83d\ude00"}, "headers['pair'] holds '\\ud83d' at index 0"),
+    ],
+)
+def test_headers_holding_a_lone_surrogate_are_refused_naming_the_key(
+    backend: Backend, client: novaque.Client, headers: dict[str, str], shown: str
+) -> None:
+    with pytest.raises(novaque.InvalidOption) as raised:
+        client.publish("t", b"x", headers=headers)
+    assert str(raised.value).startswith(shown + ": ")
+    assert "lone surrogate" in str(raised.value)
+    with pytest.raises(novaque.InvalidOption, match="lone surrogate"):
+        client.publish_many("t", [b"x"], headers=headers)
+    assert table_counts(backend) == (0, 0)
+
+
 @pytest.mark.parametrize("key", ["nul\x00key", "surrogate\udcffkey"])
 def test_a_dedup_key_the_database_cannot_store_is_refused(
     backend: Backend, client: novaque.Client, key: str
