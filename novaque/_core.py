@@ -33,7 +33,7 @@ from novaque.errors import (
 from novaque.models import ChannelSettings, Message
 from novaque.ops import Batch, Effects, consume, maintain, presence, topology
 from novaque.ops import publish as publish_op
-from novaque.options import Duration, Options, check_int, seconds
+from novaque.options import Duration, Options, check_int, microseconds, seconds
 from novaque.schema import (
     deliveries,
 )
@@ -491,8 +491,8 @@ class CoreClient:
             "dedup_keys": dedup_keys,
             "groups": groups,
             "headers": header_text,
-            "ttl_us": int(ttl_s * US),
-            "delay_us": int(delay_s * US),
+            "ttl_us": microseconds(ttl_s),
+            "delay_us": microseconds(delay_s),
             "max_attempts": attempts,
         }
         if session is not None:
@@ -900,7 +900,7 @@ class CoreClient:
         """Claim with ``lease_s``; with ``channel_lease`` the channel's own lease,
         when it has one, replaces it (``attempt_id``: see :meth:`claim`)."""
         token = secrets.token_hex(16)
-        lease_us = int(lease_s * US)
+        lease_us = microseconds(lease_s)
         if attempt_id is None and self._on_driver("claim"):
             rows, now, effects = self._executor.run_driver(
                 functools.partial(
@@ -1053,7 +1053,7 @@ class CoreClient:
             "",
             consume.claim_deferred,
             ids,
-            int(lease_s * US),
+            microseconds(lease_s),
             token,
             lease is None,
         )
@@ -1084,7 +1084,7 @@ class CoreClient:
         if limit <= 0:
             return self.ack_many(acks), []
         token = secrets.token_hex(16)
-        args = (acks, channel_id, limit, int(lease_s * US), token, channel_lease)
+        args = (acks, channel_id, limit, microseconds(lease_s), token, channel_lease)
         ordered = consume.ordered(acks)
         if self._on_driver("ack_ordered_claim" if ordered else "ack_claim"):
             lost, rows, now, effects = self._executor.run_driver(
@@ -1185,7 +1185,7 @@ class CoreClient:
     ) -> None:
         """Make ``msg`` due again after ``delay_s`` (a retry, or with ``refund`` a snooze)."""
         changed, effects = self._run_timed(
-            "settle", consume.requeue, msg, int(delay_s * US), error, within_ttl, refund
+            "settle", consume.requeue, msg, microseconds(delay_s), error, within_ttl, refund
         )
         if not changed:
             if within_ttl:
@@ -1257,7 +1257,7 @@ class CoreClient:
             lease_s = msg.channel_lease_us / US
         else:
             lease_s = _validate.lease(lease, self._default_lease)
-        until = self._run_timed("settle", consume.renew, msg, int(lease_s * US))
+        until = self._run_timed("settle", consume.renew, msg, microseconds(lease_s))
         if until is None:
             raise LeaseLost(_lost_text(msg))
         msg.lease_expires_at = from_us(until)
@@ -1344,7 +1344,7 @@ class CoreClient:
             maintain.purge_batch,
             self.options.maintenance_batch,
             dead_letter_expired=self.options.dead_letter_expired,
-            default_ttl_us=int(self._default_ttl * US),
+            default_ttl_us=microseconds(self._default_ttl),
         )
 
     def flush_stats(self) -> None:
@@ -1376,7 +1376,7 @@ class CoreClient:
         ``Options.consumer_heartbeat`` by the clock (their process died); return
         how many. Part of :meth:`run_maintenance`, and of the maintenance loop
         once per heartbeat."""
-        before = self._now() - int(3 * self._consumer_heartbeat * US)
+        before = self._now() - microseconds(3 * self._consumer_heartbeat)
         return self._run_op("", presence.forget_stale, before)
 
     # -- connections ------------------------------------------------------------------

@@ -27,12 +27,12 @@ from datetime import date, datetime
 from novaque import _validate
 from novaque._core import CoreClient
 from novaque._stats import MINUTE_US, MINUTES_KEPT_US
-from novaque._time import US, to_us
+from novaque._time import to_us
 from novaque._waits import Waits
 from novaque.models import Backlog, ConsumerInfo, Counters, DeadLetter, MessageInfo
 from novaque.ops import browse, maintain, presence
 from novaque.ops._sql import BACKLOG, DEAD_PAGE
-from novaque.options import check_int, seconds
+from novaque.options import check_int, microseconds
 
 __all__ = ["BACKLOG", "DEAD_PAGE", "Operations"]
 
@@ -301,7 +301,7 @@ class Operations:
             "", browse.dead_channels, topic, channel, to_channel
         )
         work = browse.DeadWork(
-            action, topic, channel_id, int(self._core._default_ttl * US), before, target_id
+            action, topic, channel_id, microseconds(self._core._default_ttl), before, target_id
         )
         return self._dead_chunks(work, wanted, most, batch, per_second)
 
@@ -357,9 +357,7 @@ class Operations:
         :meth:`run_maintenance`.
         """
         default_age = self._core.options.dead_max_age
-        age_default = (
-            None if default_age is None else int(seconds(default_age, "Options.dead_max_age") * US)
-        )
+        age_default = None if default_age is None else _validate.dead_max_age_us(default_age)
         count_default = self._core.options.dead_max_count
         bytes_default = self._core.options.dead_max_bytes
         bounded = self._core._run_op(
@@ -479,7 +477,7 @@ class Operations:
         """
         wanted_id = _validate.message_id(message_id, "message_id")
         names = None if channels is None else _validate.names(channels, "channel")
-        ttl_us = int(self._core._default_ttl * US)
+        ttl_us = microseconds(self._core._default_ttl)
         created, effects = self._core._run_timed("", browse.replay, wanted_id, names, ttl_us)
         self._core._apply(effects)
         return created
@@ -500,7 +498,7 @@ class Operations:
         first = to_us(_validate.moment(since, "since"))
         last = to_us(_validate.moment(until, "until"))
         names = None if channels is None else _validate.names(channels, "channel")
-        ttl_us = int(self._core._default_ttl * US)
+        ttl_us = microseconds(self._core._default_ttl)
         created, effects = self._core._run_timed(
             "", browse.replay_range, topic, first, last, names, ttl_us
         )

@@ -10,7 +10,6 @@ from datetime import date, datetime
 from typing import Any
 
 from novaque import _filters
-from novaque._time import US
 from novaque._waits import THREADS, Waits
 from novaque.errors import InvalidName, InvalidOption, MessageTooLarge
 from novaque.options import (
@@ -22,6 +21,7 @@ from novaque.options import (
     Duration,
     check_int,
     dead_max_age,
+    microseconds,
     seconds,
 )
 from novaque.schema import ORDERINGS
@@ -164,7 +164,7 @@ def delay(value: Duration | None, ttl_s: float) -> float:
         raise InvalidOption(
             f"delay is {result:.15g} s; the limit is {MAX_DELAY_S:.15g} s (90 days)"
         )
-    if result >= ttl_s:
+    if microseconds(result) >= microseconds(ttl_s):  # as stored
         raise InvalidOption(
             f"delay is {result:.15g} s but the message expires after its ttl of {ttl_s:.15g} s: "
             "the delay must be shorter than the ttl"
@@ -344,7 +344,7 @@ def rate(value: object, name: str = "rate") -> float:
 
 def dead_max_age_us(value: Duration) -> int:
     """A channel's dead-letter age bound, in microseconds as stored."""
-    return int(dead_max_age(value) * US)
+    return microseconds(dead_max_age(value))
 
 
 def dead_max_count(value: object, name: str = "dead_max_count") -> int:
@@ -414,7 +414,7 @@ def channel_settings(reset: object, **given: Any) -> dict[str, Any]:
     if given.get("filter") is not None:
         stored["filter_expr"] = _filters.check(given["filter"])
     if given.get("lease") is not None:
-        stored["lease"] = int(lease(given["lease"], 0) * US)
+        stored["lease"] = microseconds(lease(given["lease"], 0))
     if given.get("max_attempts") is not None:
         stored["max_attempts"] = max_attempts(given["max_attempts"], 1)
     if given.get("dead_max_age") is not None:

@@ -43,7 +43,7 @@ from novaque._time import US
 from novaque._waits import Runner, Waits, jittered
 from novaque.errors import LeaseLost, SchemaOutOfDate
 from novaque.models import Message
-from novaque.options import Backoff
+from novaque.options import Backoff, microseconds
 
 __all__ = ["Consumer", "ConsumerHost", "ConsumerRuntime", "Handler"]
 
@@ -708,7 +708,7 @@ class Consumer:
         return min(max(lease / 4, HEARTBEAT_TICK_MIN_S), HEARTBEAT_TICK_MAX_S)
 
     def _heartbeat_loop(self) -> None:
-        half_us = int(self.lease * US / 2)
+        half_us = microseconds(self.lease) // 2
         errors = RetryDelay()
         while not self._stop_heartbeat.wait(self._heartbeat_tick()):
             try:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from novaque._time import US
 from novaque.errors import InvalidOption
 
 __all__ = ["Backoff", "Duration", "Options", "seconds"]
@@ -38,8 +39,13 @@ MAX_WATCH_S = 60.0
 MAX_RETENTION_DAYS = 36_500
 
 
-def seconds(value: Duration, name: str, *, allow_zero: bool = True) -> float:
-    """Return ``value`` in seconds, or raise :class:`InvalidOption` naming ``name``."""
+def seconds(value: Duration, name: str, *, allow_zero: bool = True, hint: str = "") -> float:
+    """Return ``value`` in seconds, or raise :class:`InvalidOption` naming ``name``.
+
+    Durations are kept in whole microseconds (:func:`microseconds`), so where
+    one must be positive (``allow_zero=False``) it must round to at least one;
+    ``hint`` ends the error of a duration that is not positive.
+    """
     if isinstance(value, timedelta):
         result = value.total_seconds()
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -48,10 +54,20 @@ def seconds(value: Duration, name: str, *, allow_zero: bool = True) -> float:
         raise InvalidOption(
             f"{name} must be a timedelta or a number of seconds, got {type(value).__name__}"
         )
-    if not math.isfinite(result) or result < 0 or (result == 0 and not allow_zero):
+    if not math.isfinite(result) or result < 0:
         bound = ">= 0" if allow_zero else "> 0"
         raise InvalidOption(f"{name} must be {bound} seconds, got {result!r}")
+    if not allow_zero and result < 1 and microseconds(result) < 1:  # (huge ones overflow)
+        rounded = "" if result == 0 else ", which rounds to 0 (durations are whole microseconds)"
+        raise InvalidOption(f"{name} must be > 0 seconds, got {result!r}{rounded}{hint}")
     return result
+
+
+def microseconds(seconds: float) -> int:
+    """A duration in seconds as the whole microseconds it is kept in, to the
+    nearest one (``1.001`` is 1,001,000: its float times a million is a hair
+    below, which truncating would lose)."""
+    return round(seconds * US)
 
 
 @dataclass(frozen=True)
@@ -186,12 +202,12 @@ def check_int(value: object, name: str, low: int, high: int | None = None) -> in
 
 def watch_interval(value: Duration, name: str = "watch_interval") -> float:
     """The change watcher's interval in seconds: > 0 and at most :data:`MAX_WATCH_S`."""
-    result = seconds(value, name)
-    if result == 0:
-        raise InvalidOption(
-            f"{name} must be > 0 seconds, got 0; None turns the change watcher off "
-            "(consumers then poll every poll_interval)"
-        )
+    result = seconds(
+        value,
+        name,
+        allow_zero=False,
+        hint="; None turns the change watcher off (consumers then poll every poll_interval)",
+    )
     if result > MAX_WATCH_S:
         raise InvalidOption(
             f"{name} is {result:.15g} s; the limit is {MAX_WATCH_S:.15g} s (a watcher that "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 import pytest
@@ -9,6 +10,7 @@ import sqlalchemy as sa
 
 import novaque
 from novaque.schema import messages, topics
+from novaque.testing import FakeClock
 from tests.conftest import Backend
 
 pytestmark = pytest.mark.usefixtures("twin")
@@ -72,6 +74,8 @@ def test_body_over_the_limit_is_too_large(backend: Backend) -> None:
         ({"delay": -1}, "delay must be >= 0"),
         ({"delay": timedelta(days=91)}, "limit is 7776000 s"),
         ({"delay": 3600, "ttl": 3600}, "shorter than the ttl"),
+        # Both are 1 s as stored (whole microseconds).
+        ({"delay": 0.9999996, "ttl": 1.0000004}, "shorter than the ttl"),
         ({"ttl": 0}, "ttl must be > 0"),
         ({"ttl": timedelta(days=4000)}, "3650 days"),
         ({"ttl": "soon"}, "timedelta or a number"),
@@ -303,3 +307,103 @@ def test_errors_share_one_base_and_the_usual_builtins() -> None:
         assert issubclass(error, LookupError)
     assert not issubclass(novaque.Reject, novaque.NovaqueError)
     assert novaque.Reject("why").reason == "why"
+
+
+# -- durations: kept in whole microseconds ----------------------------------------------------
+
+#: Positive durations that round to 0 microseconds (4e-7 s is 0.4 us).
+BELOW_ONE_US = [1e-9, 4e-7, timedelta(0)]
+
+
+@pytest.mark.parametrize("short", BELOW_ONE_US, ids=["1e-9", "4e-7", "timedelta(0)"])
+def test_a_positive_duration_that_rounds_to_0_us_is_refused(
+    backend: Backend, client: novaque.Client, clock: FakeClock, short: float | timedelta
+) -> None:
+    client.ensure_channel("t", "c")
+    client.publish("t", b"deferred")
+    (deferring,) = client.claim("t", "c")
+    client.defer(deferring)
+    message_id = client.publish("t", b"x")
+    given = short.total_seconds() if isinstance(short, timedelta) else short
+    calls: list[tuple[str, Callable[[], object]]] = [
+        ("lease", lambda: client.ensure_channel("t", "c", lease=short)),
+        ("dead_max_age", lambda: client.ensure_channel("t", "c", dead_max_age=short)),
+        ("lease", lambda: client.claim("t", "c", lease=short)),
+        ("wait", lambda: client.claim("t", "c", wait=short)),
+        ("wait", lambda: client.pop("t", "c", wait=short)),
+        ("lease", lambda: client.claim_deferred("t", "c", [deferring.delivery_id], lease=short)),
+        ("ttl", lambda: client.publish("t", b"y", ttl=short)),
+        ("ttl", lambda: client.publish_many("t", [b"y"], ttl=short)),
+        ("lease", lambda: client.subscribe("t", "c", print, lease=short)),
+        ("poll_interval", lambda: client.subscribe("t", "c", print, poll_interval=short)),
+    ]
+    for name, call in calls:
+        with pytest.raises(novaque.InvalidOption) as raised:
+            call()
+        assert str(raised.value) == (
+            f"{name} must be > 0 seconds, got {given!r}"
+            + ("" if given == 0 else ", which rounds to 0 (durations are whole microseconds)")
+        )
+    settings = client.channel_settings("t", "c")
+    assert (settings.lease, settings.dead_max_age) == (None, None)
+    assert table_counts(backend) == (1, 2)
+    # Nothing was claimed by the refused calls: the message is still there to claim.
+    (msg,) = client.claim("t", "c")
+    assert (msg.id, msg.attempts) == (message_id, 1)
+    with pytest.raises(novaque.InvalidOption, match="lease must be > 0 seconds"):
+        client.renew(msg, lease=short)
+    assert client.renew(msg) == clock() + timedelta(seconds=30)
+
+
+@pytest.mark.sync_only
+@pytest.mark.parametrize(
+    "field",
+    [
+        "default_lease",
+        "default_ttl",
+        "poll_interval",
+        "reap_interval",
+        "purge_interval",
+        "stats_flush_interval",
+        "stats_prune_interval",
+        "consumer_heartbeat",
+        "dead_max_age",
+        "watch_interval",
+    ],
+)
+def test_options_refuse_a_positive_duration_that_rounds_to_0_us(field: str) -> None:
+    with pytest.raises(novaque.InvalidOption, match=rf"^Options\.{field} must be > 0 seconds"):
+        novaque.Options(**{field: 4e-7})  # type: ignore[arg-type]
+    with pytest.raises(novaque.InvalidOption, match="which rounds to 0"):
+        novaque.Options(**{field: 1e-9})  # type: ignore[arg-type]
+    novaque.Options(**{field: 6e-7})  # type: ignore[arg-type]  # 1 us
+
+
+def test_durations_are_kept_to_the_nearest_microsecond(
+    backend: Backend, client: novaque.Client, clock: FakeClock
+) -> None:
+    # 1.001 * 1e6 is 1000999.9999999999 as a float: truncated, it lost a microsecond.
+    client.ensure_channel("t", "c", lease=1.001, dead_max_age=1.003)
+    settings = client.channel_settings("t", "c")
+    assert (settings.lease, settings.dead_max_age) == (
+        timedelta(seconds=1.001),
+        timedelta(seconds=1.003),
+    )
+    message_id = client.publish("t", b"x", ttl=1.005, delay=1.003)
+    info = client.get_message(message_id)
+    assert info.expires_at - info.published_at == timedelta(seconds=1.005)
+    assert info.deliveries[0].visible_at == clock() + timedelta(seconds=1.003)
+    clock.advance(1.003)
+    (msg,) = client.claim("t", "c", lease=1.007)
+    assert msg.lease_expires_at == clock() + timedelta(seconds=1.007)
+    assert client.renew(msg, lease=1.009) == clock() + timedelta(seconds=1.009)
+    # The shortest lease, 6e-7 s rounded to 1 us: a claim at the same clock
+    # reading does not take the delivery again.
+    client.requeue(msg, delay=0)
+    client.ensure_channel("t", "c", lease=6e-7)
+    assert client.channel_settings("t", "c").lease == timedelta(microseconds=1)
+    (again,) = client.claim("t", "c")
+    assert again.lease_expires_at == clock() + timedelta(microseconds=1)
+    assert client.claim("t", "c") == []
+    clock.advance(timedelta(microseconds=1))
+    assert [m.id for m in client.claim("t", "c")] == [message_id]

@@ -258,14 +258,16 @@ def test_watch_interval_is_validated() -> None:
         novaque.Options(watch_interval=0)
     with pytest.raises(novaque.InvalidOption, match="None turns the change watcher off"):
         novaque.Options(watch_interval=timedelta(0))
-    with pytest.raises(novaque.InvalidOption, match="Options.watch_interval must be >= 0"):
+    with pytest.raises(novaque.InvalidOption, match="Options.watch_interval must be > 0"):
         novaque.Options(watch_interval=-1)
     with pytest.raises(novaque.InvalidOption, match="watch_interval must be a timedelta"):
         novaque.Options(watch_interval="2ms")  # type: ignore[arg-type]
     with pytest.raises(novaque.InvalidOption, match="the limit is 60 s"):
         novaque.Options(watch_interval=61)
-    with pytest.raises(novaque.InvalidOption, match="must be >= 0"):
+    with pytest.raises(novaque.InvalidOption, match="must be > 0"):
         novaque.Options(watch_interval=float("nan"))
+    with pytest.raises(novaque.InvalidOption, match="rounds to 0 .*; None turns the change"):
+        novaque.Options(watch_interval=1e-9)
 
 
 # -- another process -----------------------------------------------------------------------
