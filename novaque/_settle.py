@@ -73,9 +73,15 @@ def outcome_of(
     except asyncio.CancelledError:
         raise
     except Reject as exc:
-        log.info("message %d rejected by the handler of %s/%s", msg.id, msg.topic, msg.channel)
-        reason = exc.reason
-        return Outcome("reject", msg, reason if isinstance(reason, str) else str(reason))
+        reason = exc.reason if isinstance(exc.reason, str) else _validate.text_of(exc.reason)
+        log.info(
+            "message %d rejected by the handler of %s/%s%s",
+            msg.id,
+            msg.topic,
+            msg.channel,
+            f": {_validate.reason(reason)}" if reason else " (no reason given)",
+        )
+        return Outcome("reject", msg, reason)
     except Defer:
         log.debug("message %d deferred by the handler of %s/%s", msg.id, msg.topic, msg.channel)
         return Outcome("defer", msg)

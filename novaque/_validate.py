@@ -238,7 +238,7 @@ def error_text(error: object) -> str | None:
     """
     if error is None:
         return None
-    message = _str(error)
+    message = text_of(error)
     if isinstance(error, BaseException):
         text = f"{type(error).__name__}: {message}" if message else type(error).__name__
     else:
@@ -253,7 +253,7 @@ def reason(value: object) -> str:
     return storable(value[:MAX_ERROR_CHARS]) or "rejected"
 
 
-def _str(value: object) -> str:
+def text_of(value: object) -> str:
     try:
         return str(value)
     except Exception:

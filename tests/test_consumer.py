@@ -140,21 +140,39 @@ def test_a_failing_handler_is_retried_then_dead_with_its_last_error(
     assert row["last_error"] == "ValueError: boom on attempt 3"
 
 
-@pytest.mark.parametrize(("reason", "kept"), [("bad payload", "bad payload"), ("", "rejected")])
+@pytest.mark.parametrize(
+    ("reason", "kept", "logged"),
+    [
+        ("bad payload", "bad payload", ": bad payload"),
+        ("", "rejected", " (no reason given)"),
+        ("no \x00 here", "no \ufffd here", ": no \ufffd here"),
+    ],
+)
 def test_reject_dead_letters_at_once_with_its_reason(
-    backend: Backend, client: novaque.Client, reason: str, kept: str
+    backend: Backend,
+    client: novaque.Client,
+    caplog: pytest.LogCaptureFixture,
+    reason: str,
+    kept: str,
+    logged: str,
 ) -> None:
     def reject(msg: novaque.Message) -> None:
         raise novaque.Reject(reason)
 
     handler = Recorder(reject)
-    consumer = client.subscribe_and_start("jobs", "runner", handler, poll_interval=0.05)
-    client.publish("jobs", b"x", max_attempts=5)
-    waited(consumer._signals.wait("dead", 1, WAIT), "the rejection")
-    consumer.shutdown()
+    with caplog.at_level(logging.INFO, logger="novaque"):
+        consumer = client.subscribe_and_start("jobs", "runner", handler, poll_interval=0.05)
+        message_id = client.publish("jobs", b"x", max_attempts=5)
+        waited(consumer._signals.wait("dead", 1, WAIT), "the rejection")
+        consumer.shutdown()
     assert len(handler.calls) == 1
     (row,) = rows(backend)
     assert (row["state"], row["attempts"], row["dead_reason"]) == (STATE_DEAD, 1, kept)
+    # The log line says why, as the dead letter keeps it.
+    rejected = [r for r in caplog.records if "rejected" in r.getMessage()]
+    assert [(r.levelname, r.getMessage()) for r in rejected] == [
+        ("INFO", f"message {message_id} rejected by the handler of jobs/runner{logged}")
+    ]
 
 
 def test_retry_delays_follow_the_backoff_and_the_clock(backend: Backend, clock: FakeClock) -> None:
