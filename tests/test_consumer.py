@@ -18,12 +18,14 @@ import pytest
 import sqlalchemy as sa
 
 import novaque
+from novaque import _settle
 from novaque.schema import STATE_DEAD, STATE_LEASED, STATE_READY, deliveries
-from novaque.testing import FakeClock
+from novaque.testing import FakeClock, make_message
 from tests.conftest import Backend
 
 pytestmark = pytest.mark.usefixtures("twin")
 
+LOG = logging.getLogger("novaque")
 WAIT = 60.0  # deadline of every wait on a background thread (generous: shared machine)
 
 
@@ -172,6 +174,26 @@ def test_reject_dead_letters_at_once_with_its_reason(
     rejected = [r for r in caplog.records if "rejected" in r.getMessage()]
     assert [(r.levelname, r.getMessage()) for r in rejected] == [
         ("INFO", f"message {message_id} rejected by the handler of jobs/runner{logged}")
+    ]
+
+
+@pytest.mark.sync_only
+def test_a_reject_whose_reason_cannot_be_shown_is_kept_by_its_type_name(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Unprintable:
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    def reject(msg: novaque.Message) -> None:
+        raise novaque.Reject(Unprintable())  # type: ignore[arg-type]
+
+    msg = make_message(b"x", id=7, topic="jobs", channel="runner")
+    with caplog.at_level(logging.INFO, logger="novaque"):
+        outcome = _settle.outcome_of(reject, msg, backoff=novaque.Backoff(), log=LOG)
+    assert (outcome.kind, outcome.text) == ("reject", "<Unprintable whose str() failed>")
+    assert [r.getMessage() for r in caplog.records] == [
+        "message 7 rejected by the handler of jobs/runner: <Unprintable whose str() failed>"
     ]
 
 
