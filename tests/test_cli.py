@@ -268,7 +268,7 @@ def test_dead_list_requeue_delete(db: Path) -> None:
     assert [int(line.split()[0]) for line in listing[1:]] == ids
     assert "bad order" in listing[1]
     out = ok(run("dead", "requeue", "orders", "billing", str(ids[0]), cwd=db))
-    assert out == "requeued 1 dead letters of orders/billing\n"
+    assert out == "requeued 1 dead letter of orders/billing\n"
     assert "pass --yes" in one_line_error(
         run("dead", "delete", "orders", "billing", "--all", cwd=db)
     )
@@ -313,7 +313,7 @@ def test_dead_redrive_with_limit_died_before_and_rate(db: Path) -> None:
     assert ok(result) == "deleted 2 dead letters of orders/billing\n"
     assert "deleted 2/3 [" in result.stderr  # the progress line, on stderr
     out = ok(run("dead", "requeue", "orders", "billing", "--all", "--rate", "1000", cwd=db))
-    assert out == "requeued 1 dead letters of orders/billing\n"
+    assert out == "requeued 1 dead letter of orders/billing\n"
     assert "no dead letters" in ok(run("dead", "list", "orders", "billing", cwd=db))
     error = one_line_error(
         run("dead", "requeue", "orders", "billing", "--all", "--to-channel", "nope", cwd=db)
@@ -333,6 +333,31 @@ def test_dead_redrive_with_limit_died_before_and_rate(db: Path) -> None:
         run("dead", "delete", "orders", "billing", "--to-channel", "retry", cwd=db).returncode == 2
     )
     assert run("dead", "delete", "orders", "billing", "--rate", "5", cwd=db).returncode == 2
+
+
+def test_counts_of_one_are_singular(db: Path) -> None:
+    ids = dead_letters(db, 3)
+    out = ok(
+        run("dead", "requeue", "orders", "billing", str(ids[0]), "--to-channel", "retry", cwd=db)
+    )
+    assert out == "requeued 1 dead letter of orders/billing to orders/retry\n"
+    out = ok(run("dead", "delete", "orders", "billing", str(ids[1]), cwd=db))
+    assert out == "deleted 1 dead letter of orders/billing\n"
+    out = ok(run("dead", "delete", "orders", "billing", "--all", "--yes", cwd=db))
+    assert out == "deleted 1 dead letter of orders/billing\n"
+    out = ok(run("dead", "requeue", "orders", "billing", "--all", cwd=db))
+    assert out == "requeued 0 dead letters of orders/billing\n"
+    ok(run("channels", "invoices", "--create", "billing", cwd=db))
+    message_id = ok(run("publish", "invoices", "later", "--delay", "3600", cwd=db)).strip()
+    out = ok(run("cancel", message_id, cwd=db))
+    assert out == f"cancelled 1 never-attempted delivery of message {message_id}\n"
+    out = ok(run("cancel", message_id, cwd=db))
+    assert out == f"cancelled 0 never-attempted deliveries of message {message_id}\n"
+    error = one_line_error(run("topics", "--delete", "invoices", cwd=db))
+    assert error.startswith(
+        "novaque: error: Delete topic invoices with its 1 channel and all its messages, "
+        "deliveries and counters: not without a confirmation"
+    )
 
 
 def run_on_a_terminal(args: list[str], cwd: Path, answer: bytes) -> tuple[int, str]:

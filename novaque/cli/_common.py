@@ -22,6 +22,7 @@ __all__ = [
     "Context",
     "Progress",
     "confirm",
+    "count",
     "listening",
     "one_line",
     "parse_day",
@@ -172,6 +173,11 @@ def parse_moment(text: str) -> datetime:
             f"give the time zone too (2026-11-29T09:00:00Z, or +02:00), got {shown!r}"
         )
     return moment
+
+
+def count(number: int, one: str, many: str) -> str:
+    """``number`` and the noun that goes with it: ``1 dead letter``, ``2 dead letters``."""
+    return f"{number} {one if number == 1 else many}"
 
 
 def confirm(question: str, *, yes: bool) -> None:

@@ -13,6 +13,7 @@ from novaque.cli._common import (
     Context,
     Progress,
     confirm,
+    count,
     parse_moment,
     print_table,
 )
@@ -212,17 +213,19 @@ def _chunks(
 def run_requeue(args: argparse.Namespace, context: Context) -> int:
     done = _chunks(args, context, "requeue")
     where = f" to {args.topic}/{args.to_channel}" if args.to_channel else ""
-    print(f"requeued {done} dead letters of {args.topic}/{args.channel}{where}")
+    letters = count(done, "dead letter", "dead letters")
+    print(f"requeued {letters} of {args.topic}/{args.channel}{where}")
     return 0
 
 
 def run_delete(args: argparse.Namespace, context: Context) -> int:
     done = _chunks(args, context, "delete")
-    print(f"deleted {done} dead letters of {args.topic}/{args.channel}")
+    print(f"deleted {count(done, 'dead letter', 'dead letters')} of {args.topic}/{args.channel}")
     return 0
 
 
 def run_cancel(args: argparse.Namespace, context: Context) -> int:
     done = context.client().cancel(args.message_id)
-    print(f"cancelled {done} never-attempted deliveries of message {args.message_id}")
+    deliveries = count(done, "never-attempted delivery", "never-attempted deliveries")
+    print(f"cancelled {deliveries} of message {args.message_id}")
     return 0

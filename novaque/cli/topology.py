@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from novaque.admin._data import settings
-from novaque.cli._common import Context, confirm
+from novaque.cli._common import Context, confirm, count
 
 
 def register(commands: Any) -> None:
@@ -53,9 +53,10 @@ def run_topics(args: argparse.Namespace, context: Context) -> int:
         print(f"topic {args.create} is ready")
     elif args.delete:
         channels = client.list_channels(args.delete)  # TopicNotFound before asking
+        its = count(len(channels), "channel", "channels")
         confirm(
-            f"Delete topic {args.delete} with its {len(channels)} channels and all its "
-            "messages, deliveries and counters?",
+            f"Delete topic {args.delete} with its {its} and all its messages, deliveries "
+            "and counters?",
             yes=args.yes,
         )
         client.delete_topic(args.delete)
