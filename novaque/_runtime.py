@@ -436,22 +436,30 @@ class Runtime:
         errors = RetryDelay()
         wait = interval
         while not self._flusher_stop.wait(wait):
-            try:
-                core.flush_stats()
-            except Exception as exc:
-                self.log.error(
-                    "could not flush stats (kept in memory, retrying): %s",
-                    _validate.error_text(exc),
-                    exc_info=errors.traceback(exc),
-                )
-                wait = min(interval, errors.next())
+            retry = self._flush_tick(errors)
+            if retry is not None:
+                wait = min(interval, retry)
                 continue
-            errors.reset()
             wait = interval
             with self._flusher_lock:
                 if not core._stats or self.maintenance is not None:
                     self._flusher = None
                     return
+
+    def _flush_tick(self, errors: RetryDelay) -> float | None:
+        """One flush of the stats flusher: None when it worked, else how long to
+        wait before the next try (``errors``: the failures in a row)."""
+        try:
+            self.core.flush_stats()
+        except Exception as exc:
+            self.log.error(
+                "could not flush stats (kept in memory, retrying): %s",
+                _validate.error_text(exc),
+                exc_info=errors.traceback(exc),
+            )
+            return errors.next()
+        errors.reset()
+        return None
 
     def _stop_flusher(self, timeout: float) -> None:
         with self._flusher_lock:
