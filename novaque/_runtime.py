@@ -448,17 +448,36 @@ class Runtime:
 
     def _flush_tick(self, errors: RetryDelay) -> float | None:
         """One flush of the stats flusher: None when it worked, else how long to
-        wait before the next try (``errors``: the failures in a row)."""
+        wait before the next try (``errors``: the failures in a row).
+
+        An outage (the database unreachable, say) is logged once at its start
+        (ERROR, with the traceback) and once at its end (INFO); the passes
+        that fail in between log at DEBUG only. The counts wait in memory.
+        """
         try:
             self.core.flush_stats()
         except Exception as exc:
-            self.log.error(
-                "could not flush stats (kept in memory, retrying): %s",
-                _validate.error_text(exc),
-                exc_info=errors.traceback(exc),
-            )
+            if errors.failures:
+                self.log.debug(
+                    "could not flush stats (failure %d in a row): %s",
+                    errors.failures + 1,
+                    _validate.error_text(exc),
+                )
+            else:
+                self.log.error(
+                    "could not flush stats (the counts stay in memory; retrying, and "
+                    "logging again once it works): %s",
+                    _validate.error_text(exc),
+                    exc_info=errors.traceback(exc),
+                )
             return errors.next()
-        errors.reset()
+        if errors.failures:
+            self.log.info(
+                "flushed stats again after %d failed attempt%s; no counts were lost",
+                errors.failures,
+                "" if errors.failures == 1 else "s",
+            )
+            errors.reset()
         return None
 
     def _stop_flusher(self, timeout: float) -> None:

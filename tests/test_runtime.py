@@ -10,6 +10,9 @@ import pytest
 import sqlalchemy as sa
 
 import novaque
+from novaque import _validate
+from novaque.consumer import RetryDelay
+from novaque.ops import maintain
 from novaque.schema import STATE_DEAD, messages, stats
 from novaque.testing import FakeClock
 from tests.conftest import Backend
@@ -107,6 +110,52 @@ def test_a_failing_job_is_logged_at_error_and_tried_again(
     # The other jobs did not wait for the failing one.
     assert client._runtime.signals.count("flush") >= 1
     client.shutdown()
+
+
+def test_a_stats_flush_outage_is_logged_once_when_it_starts_and_once_when_it_ends(
+    backend: Backend, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flusher of a client that runs no maintenance, pass by pass: while
+    the database is unreachable its counts wait in memory, and the outage is
+    one ERROR at its start and one INFO at its end, however many passes fail."""
+    # The flusher's own loop waits an hour for its first pass: the test runs the passes.
+    client = backend.client(stats_flush_interval=3600)
+    client.ensure_channel("t", "c")
+    unreachable = sa.exc.OperationalError(
+        "INSERT INTO novaque_stats ...", {}, ConnectionRefusedError(111, "Connection refused")
+    )
+    failing = [0]
+    real_flush = maintain.flush_stats
+
+    def flush_stats(*args: Any, **kwargs: Any) -> Any:
+        if failing[0]:
+            failing[0] -= 1
+            raise unreachable
+        return real_flush(*args, **kwargs)
+
+    monkeypatch.setattr(maintain, "flush_stats", flush_stats)
+    errors = RetryDelay()
+    started = (
+        "could not flush stats (the counts stay in memory; retrying, and logging again "
+        f"once it works): {_validate.error_text(unreachable)}"
+    )
+    with caplog.at_level(logging.DEBUG, logger="novaque"):
+        client.publish("t", b"x")
+        failing[0] = 5
+        waits = [client._runtime._flush_tick(errors) for _ in range(6)]
+        client.publish("t", b"y")
+        failing[0] = 1
+        waits += [client._runtime._flush_tick(errors) for _ in range(2)]
+    assert [w is None for w in waits] == [False] * 5 + [True, False, True]
+    logged = [r for r in caplog.records if r.levelno >= logging.INFO]
+    assert [(r.levelname, r.getMessage()) for r in logged] == [
+        ("ERROR", started),
+        ("INFO", "flushed stats again after 5 failed attempts; no counts were lost"),
+        ("ERROR", started),
+        ("INFO", "flushed stats again after 1 failed attempt; no counts were lost"),
+    ]
+    assert [r.exc_info is not None for r in logged] == [True, False, True, False]
+    assert counter_totals(backend)["published"] == 2
 
 
 def test_several_clients_maintain_and_consume_at_once_without_double_counting(
