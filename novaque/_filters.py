@@ -80,6 +80,16 @@ def check(text: object) -> str | None:
         raise InvalidFilter(
             f"filter is {len(text)} characters long; the limit is {MAX_FILTER_CHARS}"
         )
+    from novaque._validate import _UNSTORABLE  # _validate imports this module
+
+    bad = _UNSTORABLE.search(text)
+    if bad is not None:
+        what = "NUL" if bad.group() == "\x00" else "a lone surrogate"
+        raise InvalidFilter(
+            f"filter {_shown(text)} holds {what} ({bad.group()!r}) at index {bad.start()}, "
+            "which no database stores as text; a filter may not contain NUL or lone "
+            "surrogates (U+D800-U+DFFF): in a string literal, write NUL as \\x00"
+        )
     program(text)
     return text
 
@@ -180,3 +190,8 @@ def _boolean(tree: Any) -> bool | None:
     ):
         return False
     return None
+
+
+def _shown(text: str) -> str:
+    """``text`` quoted for a message, shortened past 100 characters."""
+    return repr(text if len(text) <= 100 else text[:97] + "...")

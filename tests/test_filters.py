@@ -33,6 +33,10 @@ def bodies(client: novaque.Client, topic: str, channel: str) -> list[bytes]:
         ('headers["tier"]', "not boolean"),
         ('topic + "x"', "not boolean"),
         ("size(topic)", "not boolean"),
+        # Text no database stores.
+        ('headers["k"] == "\udcff"', "lone surrogate"),
+        ('headers["k"] == "a\x00b"', "NUL"),
+        ("headers.tier == 'gold' // \udcff", "lone surrogate"),
     ],
 )
 def test_a_bad_filter_raises_invalid_filter_and_stores_nothing(
