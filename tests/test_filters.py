@@ -11,11 +11,25 @@ import pytest
 import sqlalchemy as sa
 
 import novaque
+from novaque import _filters, schema
 from tests.conftest import Backend, FakeClock
 
 pytestmark = pytest.mark.usefixtures("twin")
 
 GOLD = 'headers["tier"] == "gold"'
+#: Three nested ``all`` macros over 230-element lists (1.4 KB): 12 million
+#: evaluations of the innermost expression, which once hung every publish.
+ZEROS = "[" + ",".join("0" * 230) + "]"
+NESTED_ALL = f"{ZEROS}.all(a, {ZEROS}.all(b, {ZEROS}.all(c, a == b)))"
+TWENTY = "[" + ",".join("0" * 20) + "]"
+#: Accepted filters whose cost is close to the limit: nested macros over
+#: lists, and a string built from the longest values headers can hold.
+TEN, THIRTY_FOUR = "[" + ",".join("0" * 10) + "]", "[" + ",".join("0" * 34) + "]"
+COSTLIEST = {
+    "nested": f"{TEN}.all(a, {THIRTY_FOUR}.exists(b, a == b && headers.size() >= 300))",
+    "concat": " + ".join(f'headers["h00{i}"]' for i in range(5))
+    + ' != "" && headers.size() >= 300',
+}
 
 
 def bodies(client: novaque.Client, topic: str, channel: str) -> list[bytes]:
@@ -33,6 +47,18 @@ def bodies(client: novaque.Client, topic: str, channel: str) -> list[bytes]:
         ('headers["tier"]', "not boolean"),
         ('topic + "x"', "not boolean"),
         ("size(topic)", "not boolean"),
+        # Known types: a call's result type is known, and it is not bool.
+        ('int(headers["n"])', "not boolean"),
+        ('headers["n"].size()', "not boolean"),
+        ('string(headers["n"])', "not boolean"),
+        ('true ? int(headers["n"]) : true', "have types int and bool"),
+        ('headers["n"] == 1', "compares string with int"),
+        # Deeper than the evaluator can run.
+        ("(" * 1500 + "true" + ")" * 1500, "nests too deep"),
+        ("!" * 600 + "true", "nests too deep"),
+        # Too costly to run at every publish.
+        (NESTED_ALL, "evaluation steps; the limit is 20,000"),
+        ("headers.all(a, headers.exists(b, b == a))", "the limit is 20,000"),
         # Text no database stores.
         ('headers["k"] == "\udcff"', "lone surrogate"),
         ('headers["k"] == "a\x00b"', "NUL"),
@@ -85,14 +111,71 @@ def test_an_evaluation_error_fails_closed_with_a_warning(
 ) -> None:
     client.ensure_channel("t", "gold", filter=GOLD)
     client.ensure_channel("t", "all")
+    assert GOLD in failed_closed(client, caplog, "gold")  # headers["tier"]: no such key
+
+
+def failed_closed(
+    client: novaque.Client, caplog: pytest.LogCaptureFixture, channel: str, **headers: str
+) -> str:
+    """The one WARNING about a filter of a publish to topic ``t`` that
+    ``channel`` did not take (failing closed) and channel ``all`` did."""
     with caplog.at_level(logging.WARNING, logger="novaque"):
-        client.publish("t", b"no tier")  # headers["tier"]: no such key
-    assert bodies(client, "t", "gold") == []
-    assert bodies(client, "t", "all") == [b"no tier"]
+        client.publish("t", b"x", headers=headers or None)
+    assert bodies(client, "t", channel) == []
+    assert bodies(client, "t", "all") == [b"x"]
     [record] = [r for r in caplog.records if "filter" in r.getMessage()]
     assert record.levelno == logging.WARNING
-    assert GOLD in record.getMessage()
     assert "topic t" in record.getMessage()
+    return record.getMessage()
+
+
+def test_a_stored_filter_too_costly_to_run_fails_closed_at_once(
+    backend: Backend, client: novaque.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A filter stored before novaque bounded their cost (written here straight
+    into the table) is not run: every publish counts it false, with a WARNING."""
+    costly = f"{TWENTY}.all(a, {TWENTY}.all(b, {TWENTY}.all(c, a == b)))"
+    with pytest.raises(novaque.InvalidFilter, match="evaluation steps"):
+        client.ensure_channel("t", "costly", filter=costly)
+    client.ensure_channel("t", "costly")
+    client.ensure_channel("t", "all")
+    with backend.engine().begin() as conn:
+        conn.execute(
+            sa.update(schema.channels)
+            .where(schema.channels.c.name == "costly")
+            .values(filter_expr=costly)
+        )
+    assert "the limit is 20,000" in failed_closed(client, caplog, "costly")
+
+
+def test_an_evaluation_over_its_step_budget_stops_and_fails_closed(
+    client: novaque.Client, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The budget of one evaluation is a second line behind the static bound:
+    an evaluation that reaches it stops there, counts as false, and says so."""
+    client.ensure_channel("t", "gold", filter=GOLD)
+    client.ensure_channel("t", "all")
+    monkeypatch.setattr(_filters, "MAX_STEPS", 5)
+    warning = failed_closed(client, caplog, "gold", tier="gold")
+    assert "stopped after 5 evaluation steps" in warning
+
+
+def test_a_publish_with_300_headers_through_the_costliest_filters_stays_in_budget(
+    client: novaque.Client,
+) -> None:
+    """The filters closest to the limit, over a message of 300 headers (the
+    publisher's choice): each evaluation takes at most its static cost, which
+    is within the budget, and the publish delivers."""
+    headers = {f"h{i:03}": "v" * 100 for i in range(300)}
+    for name, expression in COSTLIEST.items():
+        client.ensure_channel("t", name, filter=expression)
+        assert 0.7 * _filters.MAX_COST < _filters.cost(expression) <= _filters.MAX_COST
+        verdict, steps = _filters.evaluate(expression, headers, None, "t")
+        assert verdict is True
+        assert steps <= _filters.cost(expression) <= _filters.MAX_STEPS
+    client.publish("t", b"x", headers=headers)
+    for name in COSTLIEST:
+        assert bodies(client, "t", name) == [b"x"]
 
 
 def test_a_message_every_filter_refuses_is_stored_without_the_no_channel_warning(
@@ -202,3 +285,148 @@ def test_publishing_to_a_topic_without_filters_costs_no_extra_statement(
     with statements(backend) as seen:
         client.publish_many("plain", [b"1", b"2", b"3"])
     assert len(seen) == PUBLISH_STATEMENTS[backend.name][1], seen
+
+
+# The language, without a database: what the static check accepts runs in
+# cel-python, within the cost the check computed.
+
+#: A message's headers for the evaluations below.
+HEADERS = {"n": "5", "at": "2024-01-01T00:00:00Z", "tier": "gold", "path": "/api/v2/x"}
+#: Accepted filters, each true for HEADERS, group "g1" and topic "t": one use
+#: of every operator, function and macro the check knows.
+ACCEPTED = [
+    GOLD,
+    "headers.tier == 'gold'",
+    'has(headers.tier) && !has(headers.missing) && "n" in headers',
+    'group == "g1" && topic.startsWith("t") && topic.endsWith("t") && group.contains("1")',
+    'headers.path.matches("^/api/v[0-9]+/") && matches(headers.path, "x$")',
+    "int(headers.n) + 1 == 6 && int(headers.n) * 2 == 10 && int(headers.n) / 2 == 2",
+    "int(headers.n) % 2 == 1 && -int(headers.n) < 0 && int(headers.n) - 1 >= 4",
+    "uint(headers.n) == 5u && 1u + 2u == 3u && 5u % 3u == 2u && 2u > 1u",
+    "double(headers.n) == 5.0 && 2.0 * 3.0 == 6.0 && 1.5 <= 2.5 && -(1.0) < 0.0",
+    'string(int(headers.n)) == "5" && string(5u) == "5" && string(1.5) == "1.5"',
+    'string(b"ab") == "ab" && bytes("ab") == b"ab" && b"a" + b"b" == b"ab" && b"a" < b"b"',
+    'bool("true") && bool(true) && false < true && "a" < "b" && size("abc") == 3',
+    'headers.size() == 4 && size(headers) == 4 && "abc".size() == 3 && size(b"ab") == 2',
+    'size([1, 2]) == 2 && [1, 2].size() == 2 && {"a": 1}.size() == 1',
+    "[1] + [2] == [1, 2] && 1 in [1, 2] && [[1]][0][0] == 1 && [] == [] && size([]) == 0",
+    '{"a": 1}["a"] == 1 && "a" in {"a": 1} && {"a": "b"}.a == "b" && {} == {}',
+    'timestamp(headers.at) < timestamp("2025-01-01T00:00:00Z")',
+    'timestamp(headers.at) + duration("1h") > timestamp(headers.at)',
+    'duration("1h") + timestamp(headers.at) > timestamp(headers.at)',
+    'timestamp(headers.at) - duration("1h") < timestamp(headers.at)',
+    'timestamp("2025-01-01T00:00:00Z") - timestamp(headers.at) > duration("1h")',
+    'duration("1h") + duration("1m") > duration("1h") && -duration("1h") < duration("0s")',
+    "int(timestamp(headers.at)) > 0 && string(timestamp(headers.at)) == headers.at",
+    "timestamp(headers.at).getFullYear() == 2024 && timestamp(headers.at).getMonth() == 0",
+    'timestamp(headers.at).getFullYear("Europe/Paris") == 2024',
+    "timestamp(headers.at).getDate() == 1 && timestamp(headers.at).getDayOfWeek() == 1",
+    "timestamp(headers.at).getDayOfMonth() == 0 && timestamp(headers.at).getDayOfYear() == 0",
+    'timestamp(headers.at).getHours("+01:00") == 1 && timestamp(headers.at).getMinutes() == 0',
+    "timestamp(headers.at).getSeconds() == 0 && timestamp(headers.at).getMilliseconds() == 0",
+    'duration("90m").getHours() == 1 && duration("1h").getMinutes() == 60',
+    'duration("1s").getSeconds() == 1 && duration("1500ms").getMilliseconds() == 1500',
+    "[1, 2].map(x, x * 2) == [2, 4] && [1, 2].filter(x, x > 1) == [2]",
+    '[1, 2].exists_one(x, x > 1) && {"a": 1}.all(k, k == "a") && [1].exists(x, x == 1)',
+    '[[1, 2], [3]].all(l, l.all(x, x > 0)) && ["eu", "us"].exists(r, headers.tier != r)',
+    "true ? headers.tier == 'gold' : false",
+    '(headers.tier + "/" + group) == "gold/g1" && null == null && 1 != 2',
+    '"""gold""" == headers.tier && r"\\d" == "\\\\d" && 0x10 == 16 && 1e3 == 1000.0',
+    "9223372036854775807 > -9223372036854775808 && 18446744073709551615u > 0u",
+    'headers.n > "4"  // a comment',
+    f"{TWENTY}.all(a, {TWENTY}.exists(b, a == b))",
+    *COSTLIEST.values(),
+]
+#: Headers the filters above meet: HEADERS (which makes all but COSTLIEST
+#: true), and HEADERS with 300 more (which makes COSTLIEST true).
+HEADER_SETS = [HEADERS, {**HEADERS, **{f"h{i:03}": "v" * 100 for i in range(300)}}]
+
+
+@pytest.mark.sync_only
+@pytest.mark.parametrize("expression", ACCEPTED)
+def test_an_accepted_filter_runs_within_its_static_cost(expression: str) -> None:
+    assert _filters.check(expression) == expression
+    for headers in HEADER_SETS:
+        verdict, steps = _filters.evaluate(expression, headers, "g1", "t")
+        if (headers is HEADERS) != (expression in COSTLIEST.values()):
+            assert verdict is True, verdict
+        assert 0 < steps <= _filters.cost(expression) <= _filters.MAX_COST
+
+
+@pytest.mark.sync_only
+@pytest.mark.parametrize(
+    ("expression", "match"),
+    [
+        ('"a" * 3 == "aaa"', "no operator \\*"),
+        ("1 == 1.0", "compares int with double"),
+        ('"abc"[0] == "a"', "cannot be indexed"),
+        ('[1, "a"] == []', "one type"),
+        ('{"a": 1, "b": "c"} == {}', "one type"),
+        ("{[1]: 1} == {}", "map keys"),
+        ("1 < 2 < 3", "compares bool with int"),
+        ("headers.tier", "not boolean"),
+        ("headers.all(k, k)", "must be bool"),
+        ("[1, 2].map(x, y, x) == []", "takes a variable and an expression"),
+        ("[1, 2].map(1, 1) == []", "takes a variable"),
+        ("[1, 2].reduce(r, x, 0, r + x) == 3", "reduce"),
+        ("dyn(1) == 1", "dyn"),
+        ("type(1) == int", "type"),
+        ('duration(headers.d) > duration("1s")', "a string literal"),
+        ("timestamp(headers.at).getHours(headers.tz) == 1", "a string literal"),
+        ('timestamp(headers.at).getHours("Mars/Olympus") == 1', "time zone"),
+        ("headers.a.matches(headers.b)", "a string literal"),
+        ('headers.a.matches("(")', "missing \\)"),
+        ("99999999999999999999 > 0", "out of range"),
+        ('duration("forever") > duration("1s")', "invalid"),
+        ("headers.n.startsWith(1)", "startsWith"),
+        ("group.size(1) == 1", "size"),
+        ("Foo{a: 1} == 1", "protocol buffer message"),
+        (".headers.tier == 'gold'", "leading dot"),
+        ("headers.exists(k, k.startsWith('x-'))", "over headers, up to 9,362 times"),
+        (
+            'headers["a"] + headers["b"] + headers["c"] + headers["d"] + headers["e"] + '
+            'headers["f"] + headers["g"] + headers["h"] + headers["i"] + headers["j"] + '
+            'headers["k"] + headers["l"] + headers["m"] != ""',
+            "the limit is 20,000",
+        ),
+        (
+            "[headers.a].map(a, [a + a].map(b, [b + b].map(c, [c + c].map(d, d + d)))) != []",
+            "the limit is 20,000",
+        ),
+        ("x" * 4001, "the limit is 4000"),
+    ],
+)
+def test_what_the_check_refuses(expression: str, match: str) -> None:
+    with pytest.raises(novaque.InvalidFilter, match=match):
+        _filters.check(expression)
+
+
+@pytest.mark.sync_only
+@pytest.mark.parametrize(
+    ("shape", "seed", "least"),
+    [("({})", "true", 19), ("!{}", "true", 150), ("{} && true", "true", 150), ("{} + 1", "1", 90)],
+)
+def test_the_deepest_accepted_filter_runs_from_a_deep_stack(
+    shape: str, seed: str, least: int
+) -> None:
+    """Nesting is bounded by what the evaluator runs: the deepest accepted
+    filter of each shape (parentheses, negations, chained operators) evaluates
+    from 300 frames down, and one level more is refused."""
+    suffix = " > 0" if seed == "1" else ""
+    expression, levels = seed, 0
+    while True:
+        deeper = shape.format(expression)
+        try:
+            _filters.check(deeper + suffix)
+        except novaque.InvalidFilter as exc:
+            refusal = str(exc)
+            break
+        expression, levels = deeper, levels + 1
+    assert "nests too deep" in refusal
+    assert levels >= least
+
+    def down(frames: int) -> tuple[bool | str, int]:
+        return down(frames - 1) if frames else _filters.evaluate(expression + suffix, {}, None, "t")
+
+    verdict, _ = down(300)
+    assert isinstance(verdict, bool), verdict
