@@ -750,7 +750,8 @@ class CoreClient:
         - ``ordering``: ``"standard"``, ``"group_fifo"`` or ``"strict_fifo"``;
         - ``filter``: a boolean CEL expression over ``headers``, ``group`` and
           ``topic`` that a message must satisfy to be delivered to the channel
-          (``""`` removes it); compiled and checked here, raising
+          (``""`` removes it); compiled and checked here (its types, its
+          depth, and its cost: at most 20,000 evaluation steps), raising
           :class:`InvalidFilter` (and storing nothing) for a bad one;
         - ``lease``: of claims and consumers on the channel that name none;
         - ``max_attempts``: the budget of every delivery created in the channel
