@@ -21,7 +21,7 @@ per :data:`CHARS_PER_STEP` characters that ``+`` builds or ``matches`` reads
 (one per element of a list ``+`` builds). The estimate is an upper bound:
 every node counted once, both sides of ``&&``, ``||`` and ``?:``, a macro's
 body once per element of the largest list or map its range can be
-(``headers``: :func:`max_headers`), and strings at their longest (a header
+(``headers``: the most keys a message may carry), and strings at their longest (a header
 key or value as long as the headers can hold). Other work on a string (``==``,
 ``contains``) runs at C speed over at most a few hundred kilobytes, which
 the characters charged for building it bound.
@@ -191,13 +191,6 @@ def read(value: Type) -> int:
     if value.kind in ("string", "bytes"):
         return math.ceil(value.size / CHARS_PER_STEP)
     return value.size if value.kind == "list" else 0
-
-
-def max_headers(max_headers_bytes: int) -> int:
-    """The most headers a message can carry within ``max_headers_bytes`` of
-    JSON: ``{"":"","k":"",...}``: one empty key, the others of a character
-    or more, each entry with its comma at least 7 bytes."""
-    return 1 + (max_headers_bytes - len('{"":""}')) // len(',"k":""')
 
 
 class Info(NamedTuple):
@@ -820,13 +813,13 @@ def parse(text: str) -> Tree[Any]:
 
 def variables() -> dict[str, Type]:
     """The variables of a filter, at their largest."""
-    from novaque._validate import MAX_HEADERS_BYTES
+    from novaque._validate import MAX_HEADERS, MAX_HEADERS_BYTES
 
     return {
         "headers": Type(
             "map",
             (string(MAX_HEADERS_BYTES), string(MAX_HEADERS_BYTES)),
-            max_headers(MAX_HEADERS_BYTES),
+            MAX_HEADERS,
         ),
         "group": string(MAX_NAME),
         "topic": string(MAX_NAME),

@@ -34,6 +34,9 @@ MAX_WAIT_S = 300.0
 #: Headers as JSON, in UTF-8 bytes: what a TEXT column holds on every backend
 #: (MySQL/MariaDB TEXT: 65,535 bytes).
 MAX_HEADERS_BYTES = 65_535
+#: Most headers (keys) a message may carry: what bounds a filter's macros over
+#: ``headers``, and so what a filter costs each publish.
+MAX_HEADERS = 128
 MAX_ERROR_CHARS = 4000
 MAX_DEDUP_KEY = 200
 #: Largest id (message, delivery, ``after_id``): a signed 64-bit BIGINT.
@@ -115,6 +118,11 @@ def headers(value: object) -> str | None:
             )
     if not value:
         return None
+    if len(value) > MAX_HEADERS:
+        raise InvalidOption(
+            f"headers hold {len(value)} keys; the limit is {MAX_HEADERS} "
+            "(put larger sets of values in the body)"
+        )
     text = json.dumps(dict(value), ensure_ascii=False, separators=(",", ":"), sort_keys=True)
     try:
         size = len(text.encode("utf-8"))

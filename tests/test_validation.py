@@ -225,6 +225,25 @@ def test_headers_holding_a_lone_surrogate_are_refused_naming_the_key(
     assert table_counts(backend) == (0, 0)
 
 
+def test_headers_hold_at_most_128_keys(backend: Backend, client: novaque.Client) -> None:
+    """The count bounds what a channel's filter may cost each publish."""
+    client.ensure_channel("t", "c")
+    most = {f"k{i:03}": "v" for i in range(128)}
+    client.publish("t", b"ok", headers=most)
+    for call in (
+        lambda: client.publish("t", b"x", headers={**most, "one-more": "v"}),
+        lambda: client.publish_many("t", [b"x"], headers={**most, "one-more": "v"}),
+    ):
+        with pytest.raises(novaque.InvalidOption) as raised:
+            call()
+        assert str(raised.value) == (
+            "headers hold 129 keys; the limit is 128 (put larger sets of values in the body)"
+        )
+    assert table_counts(backend) == (1, 1)
+    [message] = client.claim("t", "c")
+    assert message.headers == most
+
+
 @pytest.mark.parametrize("key", ["nul\x00key", "surrogate\udcffkey"])
 def test_a_dedup_key_the_database_cannot_store_is_refused(
     backend: Backend, client: novaque.Client, key: str
