@@ -1028,11 +1028,12 @@ class CoreClient:
         messages in delivery-id order. Ids that are not deferred deliveries
         of this channel are ignored (at most 1000 ids per call), and a paused
         channel gives ``[]``. On an ordered channel a deferred delivery is
-        leased only if its group has no head (it then becomes the head);
-        otherwise it stays deferred. One whose attempts are all spent (it
-        was deferred on its last attempt) becomes a dead letter instead, with
-        reason ``max_attempts`` (counted ``dead``): ``requeue_dead`` gives it
-        fresh attempts.
+        leased only when nothing of its group is leased and no delivery of
+        the group with a lower delivery id waits; it then heads its group
+        again (the later ones wait for it). Otherwise it stays deferred. One
+        whose attempts are all spent (it was deferred on its last attempt)
+        becomes a dead letter instead, with reason ``max_attempts`` (counted
+        ``dead``): ``requeue_dead`` gives it fresh attempts.
         """
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
@@ -1139,6 +1140,10 @@ class CoreClient:
         from the backoff policy (``delay=None``, as the consumer retries) is
         not refused: if it reaches past the expiry, the delivery is purged at
         TTL like any other still waiting then.
+
+        On an ordered channel the delivery stays its group's head, unless a
+        delivery of the group with a lower delivery id came back while it was
+        leased (a requeued dead letter): it then waits behind that one.
         """
         delay_s = (
             self.options.backoff.delay(msg.attempts)
@@ -1163,7 +1168,9 @@ class CoreClient:
         before the claim (so a snooze never brings it closer to
         ``max_attempts``, and one snoozed on its first attempt counts as never
         attempted) and its last error kept; counted ``requeued``. On an
-        ordered channel a snoozed head stays its group's head. A positive
+        ordered channel a snoozed head stays its group's head, unless a
+        delivery of the group with a lower delivery id came back while it was
+        leased (a requeued dead letter): it then waits behind that one. A positive
         ``delay`` that would make it due only at or after the message's
         expiry raises :class:`InvalidOption` and changes nothing, as for
         :meth:`requeue`. Raises :class:`LeaseLost` if the lease is no longer
@@ -1185,8 +1192,10 @@ class CoreClient:
         refund: bool = False,
     ) -> None:
         """Make ``msg`` due again after ``delay_s`` (a retry, or with ``refund`` a snooze)."""
+        # An ordered head given back may yield to a delivery below it: not one statement.
+        op = "" if consume.ordered([msg]) else "settle"
         changed, effects = self._run_timed(
-            "settle", consume.requeue, msg, microseconds(delay_s), error, within_ttl, refund
+            op, consume.requeue, msg, microseconds(delay_s), error, within_ttl, refund
         )
         if not changed:
             if within_ttl:
@@ -1276,7 +1285,9 @@ class CoreClient:
         at once and their ``attempts`` are as before the claim. Messages whose
         lease is no longer current are left alone (no :class:`LeaseLost`);
         returns how many were released. Use :meth:`requeue` for a message
-        that was worked on.
+        that was worked on. On an ordered channel a released head waits, as
+        after :meth:`requeue`, behind a delivery of its group with a lower
+        delivery id that came back while it was leased.
         """
         if not msgs:
             return 0

@@ -203,6 +203,9 @@ def test_group_fifo_claim_and_next_of_group_use_their_index(
         plan_of(client, _groups._next, {"p_channel": channel_id, "p_key": "g7"}),
         "ix_novaque_deliveries_group",
     )
+    # A head given back looks below itself in its group on the same index.
+    below = {"p_channel": channel_id, "p_key": "g7", "p_below": 2**62}
+    check(plan_of(client, _groups._next_below, below), "ix_novaque_deliveries_group")
     # Where an ack moves heads without a statement of the dialect's own: the
     # groups' new heads are found on the group index too, never by a scan.
     check(

@@ -139,15 +139,15 @@ def test_move_into_a_group_fifo_channel_joins_its_group(
     third = client.publish("t", "3", group="g")  # fifo's group g has a head now
     client.ack_many(client.claim("t", "src", max_messages=5))
     assert client.requeue_dead("t", "src", to_channel="fifo") == 2
-    # Group g: its head (3) first, then the moved ones in delivery-id order,
-    # one at a time.
+    # Group g: the moved ones keep their delivery ids, lower than its waiting
+    # head's (3): they go first, in delivery-id order, one at a time, then 3.
     order = []
     for _ in range(3):
         got = client.claim("t", "fifo", max_messages=5)
         assert len(got) == 1
         order.append(got[0].id)
         client.ack(got[0])
-    assert order == [third, first, second]
+    assert order == [first, second, third]
     assert client.claim("t", "fifo") == []
 
 

@@ -8,8 +8,14 @@ added to their ``visible_at``, beyond every claim (the claim stays one index
 range, whatever the number of waiting deliveries or blocked groups). The head
 is recorded in ``novaque_groups``, whose row every writer of the group locks:
 
-- :func:`enter`: a delivery joins its group (publish, replay, requeue of a
-  dead letter): it becomes the head if the group has none, else it is parked;
+- :func:`enter`, :func:`rejoin`, :func:`take_turn`: a delivery joins its
+  group (publish, replay, requeue or move of a dead letter, claim of a
+  deferred one): it becomes the head if the group has none, or if it comes
+  before the head (a lower delivery id) and the head waits (is not leased):
+  that head is parked behind it. Else it is parked;
+- :func:`give_back`: a head given back (requeued, snoozed, released) yields to
+  the lowest delivery parked below it, one that came back while it was
+  leased (a leased head keeps its lease and its turn until then);
 - :func:`leave`: deliveries left (acked, dead, deleted): where one was the
   head, the group's lowest parked delivery is unparked and becomes the head
   (or the group's row goes when it has none).
@@ -109,6 +115,24 @@ _unpark_many = (
 _live_ids = sa.select(d.c.id).where(
     d.c.id.in_(sa.bindparam("p_ids", expanding=True)), d.c.state != STATE_DEAD
 )
+#: A head that waits (ready, in the claim's range): not leased.
+_waiting = sa.select(d.c.id).where(
+    d.c.id == sa.bindparam("p_id"),
+    d.c.state == STATE_READY,
+    d.c.visible_at < PARKED_OFFSET,
+)
+#: The lowest parked delivery of a group below ``p_below``.
+_next_below = _next_in(sa.bindparam("p_channel"), sa.bindparam("p_key")).where(
+    d.c.id < sa.bindparam("p_below")
+)
+_new_head = (
+    sa.update(groups)
+    .where(
+        groups.c.channel_id == sa.bindparam("p_channel"),
+        groups.c.group_key == sa.bindparam("p_key"),
+    )
+    .values(head_id=sa.bindparam("p_head"))
+)
 
 
 def park(conn: sa.Connection, rows: Sequence[dict[str, Any]]) -> None:
@@ -118,25 +142,77 @@ def park(conn: sa.Connection, rows: Sequence[dict[str, Any]]) -> None:
             row["visible_at"] += PARKED_OFFSET
 
 
+def take_turn(conn: sa.Connection, dialect: dialects.Dialect, member: Member) -> bool:
+    """Lock the group of ``member``, a delivery that joins it, and say whether
+    it heads the group now: it starts the group, or it comes before the head
+    (a lower delivery id) and the head waits, which is then parked behind it
+    (its due time kept). A leased head keeps its lease and its turn; a lower
+    one parked meanwhile follows it (:func:`leave`, :func:`give_back`).
+
+    The caller unparks (or leases) the delivery when it heads the group, and
+    else keeps it parked (or out of the claim's range).
+    """
+    channel_id, key, delivery_id = member
+    head = dialect.lock_group(conn, channel_id, key, delivery_id)
+    if head <= delivery_id:
+        return head == delivery_id
+    # A plain read first: a head that a settler holds is leased (its ack or
+    # death waits for this group's lock), and waiting for its row would
+    # deadlock where the database waits even for a row the update skips.
+    if conn.execute(_waiting, {"p_id": head}).first() is None:
+        return False
+    if not conn.execute(_park, {"p_id": head}).rowcount:
+        return False  # leased meanwhile, by a claim that held its row
+    conn.execute(_new_head, {"p_channel": channel_id, "p_key": key, "p_head": delivery_id})
+    return True
+
+
 def enter(conn: sa.Connection, dialect: dialects.Dialect, members: Iterable[Member]) -> None:
     """Parked deliveries join their groups: the lowest of each group becomes its
-    head (unparked) if the group has none."""
+    head (unparked) if the group has none, or if it comes before the head and
+    the head waits (:func:`take_turn`: a publish whose delivery got a lower
+    id than the one that started the group meanwhile)."""
     lowest: dict[tuple[int, str], int] = {}
     for channel_id, key, delivery_id in members:
         known = lowest.get((channel_id, key))
         if known is None or delivery_id < known:
             lowest[(channel_id, key)] = delivery_id
     for (channel_id, key), delivery_id in sorted(lowest.items()):
-        if dialect.lock_group(conn, channel_id, key, delivery_id) == delivery_id:
+        if take_turn(conn, dialect, (channel_id, key, delivery_id)):
             conn.execute(_unpark, {"p_id": delivery_id})
 
 
 def rejoin(conn: sa.Connection, dialect: dialects.Dialect, members: Iterable[Member]) -> None:
-    """Ready deliveries (a requeued dead letter) join their groups: each becomes
-    its group's head if the group has none, else it is parked."""
-    for channel_id, key, delivery_id in sorted(members):
-        if dialect.lock_group(conn, channel_id, key, delivery_id) != delivery_id:
-            conn.execute(_park, {"p_id": delivery_id})
+    """Ready deliveries (a requeued or moved dead letter) join their groups at
+    their place (their delivery id): each becomes its group's head if the
+    group has none, or if it comes before the head and the head waits
+    (:func:`take_turn`); else it is parked."""
+    for member in sorted(members):
+        if not take_turn(conn, dialect, member):
+            conn.execute(_park, {"p_id": member[2]})
+
+
+def give_back(conn: sa.Connection, dialect: dialects.Dialect, members: Iterable[Member]) -> None:
+    """Leased deliveries given back (requeued, snoozed, released: ready again,
+    still their groups' heads): each yields its turn to the lowest delivery
+    of its group parked below it (one that came back while it was leased),
+    and waits, parked, behind it. Safe to call for deliveries that were not
+    given back (a lease lost meanwhile): only a head that waits moves, and
+    no group's row is made."""
+    candidates: dict[int, dict[str, set[int]]] = {}
+    for channel_id, key, delivery_id in members:
+        candidates.setdefault(channel_id, {}).setdefault(key, set()).add(delivery_id)
+    for channel_id, by_key in sorted(candidates.items()):
+        locked = conn.execute(_heads, {"p_channel": channel_id, "p_keys": sorted(by_key)})
+        for key, head in locked.all():
+            if int(head) not in by_key[str(key)]:
+                continue
+            params = {"p_channel": channel_id, "p_key": key, "p_below": head}
+            lower = conn.execute(_next_below, params).scalar_one_or_none()
+            if lower is None or not conn.execute(_park, {"p_id": head}).rowcount:
+                continue
+            conn.execute(_unpark, {"p_id": int(lower)})
+            conn.execute(_new_head, {"p_channel": channel_id, "p_key": key, "p_head": lower})
 
 
 def leave(

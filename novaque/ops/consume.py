@@ -375,6 +375,8 @@ def requeue(
         },
     )
     changed = bool(result.rowcount)
+    if changed and msg.order_key is not None:
+        _groups.give_back(conn, dialect, [(msg.channel_id, msg.order_key, msg.delivery_id)])
     return changed, _counted("requeued", now, {msg.channel_id: 1} if changed else {})
 
 
@@ -479,9 +481,11 @@ def claim_deferred(
     ``token`` (as :func:`claim`; ids that are not are ignored, and a paused
     channel gives nothing): the rows, ``now``, and what to count.
 
-    An ordered one is leased only if its group has no head (it becomes the
-    head); one whose attempts are spent becomes a dead letter instead
-    (reason ``max_attempts``): no claim hands out an attempt beyond the budget.
+    An ordered one is leased only when nothing of its group is leased and
+    nothing below it waits (:func:`_groups.take_turn`): it becomes the head,
+    and a later head that waited is parked behind it. One whose attempts are
+    spent becomes a dead letter instead (reason ``max_attempts``): no claim
+    hands out an attempt beyond the budget.
     """
     setting = conn.execute(_channel_state, {"p_channel": channel_id}).one_or_none()
     if setting is None or setting[1]:
@@ -495,7 +499,7 @@ def claim_deferred(
     # Groups in (group key, id) order, as every writer of groups locks them.
     chosen = [r for r in live if r[4] is None]
     for row in sorted((r for r in live if r[4] is not None), key=lambda r: (str(r[4]), r[0])):
-        if dialect.lock_group(conn, channel_id, str(row[4]), int(row[0])) == int(row[0]):
+        if _groups.take_turn(conn, dialect, (channel_id, str(row[4]), int(row[0]))):
             chosen.append(row)
     tally = Tally()
     if spent:
@@ -542,11 +546,18 @@ def release(
     conn: sa.Connection, dialect: dialects.Dialect, now: int, msgs: Sequence[Message]
 ) -> int:
     """Make leased, unstarted deliveries due at once without counting their
-    attempt; return how many were still leased."""
+    attempt; return how many were still leased. An ordered one yields to a
+    delivery of its group that came back below it while it was leased."""
     by_token: dict[str, list[int]] = {}
     for msg in msgs:
         by_token.setdefault(msg.lease_token, []).append(msg.delivery_id)
-    return sum(
+    released = sum(
         conn.execute(_release, {"p_ids": sorted(ids), "p_token": token, "p_now": now}).rowcount
         for token, ids in sorted(by_token.items())
     )
+    ordered_ones = [
+        (m.channel_id, m.order_key, m.delivery_id) for m in msgs if m.order_key is not None
+    ]
+    if released and ordered_ones:
+        _groups.give_back(conn, dialect, ordered_ones)
+    return released
