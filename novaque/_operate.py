@@ -208,7 +208,10 @@ class Operations:
         every dead letter of the channel. Ids that are not dead letters of this
         channel are skipped. Each one gets a fresh attempt budget (attempts
         reset to 0) and a fresh TTL: its message is kept at least
-        ``Options.default_ttl`` from now. Counted as ``requeued``.
+        ``Options.default_ttl`` from now. Counted as ``requeued``. On an
+        ordered channel a letter keeps its place in its group (its delivery
+        id): it goes before the later deliveries of the group that wait,
+        and right after one that is leased.
 
         - ``to_channel`` (a channel of the same topic; missing:
           :class:`~novaque.ChannelNotFound`) moves the letters there instead:
