@@ -1,4 +1,4 @@
-"""Ordering, routing and flow control (DESIGN §8): channel settings, groups.
+"""Ordering, routing and flow control: channel settings, groups.
 
 - ``novaque_channels`` gets its settings: ``ordering`` (0 standard, 1
   group_fifo, 2 strict_fifo), ``filter_expr`` (a CEL expression), ``paused``,

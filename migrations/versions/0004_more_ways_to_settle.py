@@ -1,4 +1,4 @@
-"""More ways to settle (DESIGN §9): deferred deliveries, idempotent claims,
+"""More ways to settle: deferred deliveries, idempotent claims,
 dead letters on expiry and dead-letter bytes.
 
 - ``novaque_deliveries.state`` may be 3 (deferred: set aside by ``defer``,

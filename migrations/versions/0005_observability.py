@@ -1,4 +1,4 @@
-"""Observability (DESIGN §10): minute counters and consumers online.
+"""Observability: minute counters and consumers online.
 
 - ``novaque_minute_stats``: the six counters per (channel, UTC minute) for the
   last 24 hours; ``minute`` is the minute's first microsecond since the Unix

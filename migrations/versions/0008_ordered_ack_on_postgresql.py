@@ -1,7 +1,7 @@
 """PostgreSQL: an ordered ack in one call, its groups moved on inside it.
 
-Acking deliveries of an ordered channel (DESIGN §8) deletes them and, for
-each group whose head left, makes the group's lowest parked delivery its new
+Acking deliveries of an ordered channel deletes them and, for each group
+whose head left, makes the group's lowest parked delivery its new
 head. Under READ COMMITTED the next deliveries must be read *after* the
 groups' rows are locked, by a statement with a snapshot of its own: a
 publisher that held a group's lock meanwhile may have added to it. So the

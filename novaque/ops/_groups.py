@@ -1,4 +1,4 @@
-"""Group FIFO bookkeeping (DESIGN §8): who heads each group of an ordered channel.
+"""Group FIFO bookkeeping: who heads each group of an ordered channel.
 
 A delivery of an ordered channel has a group key there (its message's group on
 a ``group_fifo`` channel, ``""`` on a ``strict_fifo`` one). Of the live

@@ -323,7 +323,7 @@ _dead_beyond = (
     .limit(_p("p_limit", sa.Integer))
 )
 
-# -- TTL purge: dead letters on expiry (DESIGN §9) -------------------------------------
+# -- TTL purge: dead letters on expiry -------------------------------------------------
 
 _expiring_topics = sa.select(m.c.topic_id).where(m.c.id.in_(_ids()))
 #: The channels of the topics of messages ``p_ids`` whose live deliveries become
