@@ -18,6 +18,7 @@ from novaque.client import Client, connect
 from novaque.consumer import Consumer
 from novaque.errors import (
     ChannelNotFound,
+    DatabaseUnavailable,
     DedupConflict,
     Defer,
     InvalidFilter,
@@ -56,6 +57,7 @@ __all__ = [
     "Consumer",
     "ConsumerInfo",
     "Counters",
+    "DatabaseUnavailable",
     "DeadLetter",
     "DedupConflict",
     "Defer",

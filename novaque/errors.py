@@ -13,6 +13,7 @@ from datetime import timedelta
 
 __all__ = [
     "ChannelNotFound",
+    "DatabaseUnavailable",
     "DedupConflict",
     "Defer",
     "InvalidFilter",
@@ -112,6 +113,16 @@ class SchemaOutOfDate(NovaqueError):
 
 class UnsupportedDatabase(NovaqueError):
     """The database (or its version) is not one novaque can run on."""
+
+
+class DatabaseUnavailable(NovaqueError):
+    """The database did not answer, lost the connection, or does not take
+    writes now (a failover in progress, a cluster node still joining).
+
+    The driver's error is chained as ``__cause__``. A call that fails this
+    way may still have committed (the connection can drop after the commit
+    and before its answer): publish with a ``dedup_key`` to retry safely.
+    """
 
 
 class Reject(Exception):
