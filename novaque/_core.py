@@ -227,7 +227,12 @@ class CoreClient:
 
     def _new_executor(self, engine: sa.Engine) -> SyncExecutor:
         """The executor of novaque's own transactions on ``engine``."""
-        return self._executor_type(engine, self._dialect)
+        return self._executor_type(engine, self._dialect, timeout=self._transaction_timeout())
+
+    def _transaction_timeout(self) -> float | None:
+        """``Options.transaction_timeout`` in seconds (None: no limit)."""
+        limit = self.options.transaction_timeout
+        return None if limit is None else seconds(limit, "Options.transaction_timeout")
 
     def _counters_added(self) -> None:
         """Counters arrived in the empty buffer: they are flushed at exit at the

@@ -56,11 +56,14 @@ import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.util import await_only, greenlet_spawn
 
+from novaque import _deadlines
 from novaque._waits import running_loop
 from novaque.dialects import Dialect, NotifyListener
 from novaque.dialects.engines import autocommit_engine, session_ready, sync_sqlite_engine
+from novaque.errors import DatabaseUnavailable
 
 T = TypeVar("T")
+C = TypeVar("C")
 
 #: How often a transaction is tried before its last error is raised.
 ATTEMPTS = 8
@@ -82,10 +85,15 @@ class SyncExecutor:
     #: Whether it runs on an asyncio driver, inside the greenlet bridge.
     asynchronous = False
 
-    def __init__(self, engine: sa.Engine, dialect: Dialect) -> None:
+    def __init__(
+        self, engine: sa.Engine, dialect: Dialect, *, timeout: float | None = None
+    ) -> None:
         #: The engine novaque runs its own transactions on.
         self.engine = engine
         self.dialect = dialect
+        #: Longest a transaction may take before it is cancelled
+        #: (``Options.transaction_timeout``), where the dialect can cancel one.
+        self.timeout = timeout if dialect.can_cancel else None
         self._turn: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
         if dialect.one_writer:
             self._turn = _write_lock(engine)
@@ -123,9 +131,69 @@ class SyncExecutor:
                     return attempt_once()
                 except DBAPIError as exc:
                     if attempt == attempts or not self.dialect.is_retryable(exc):
+                        self.raise_unavailable(exc)
                         raise
                     self.pause(random.uniform(0, 0.002 * 2**attempt))
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def opened(self, connect: Callable[[], C]) -> C:
+        """``connect()``: a connection of an engine (or its pool). One that
+        cannot be opened (the server does not answer, refuses, or is not the
+        primary a multi-host URL asks for) raises
+        :class:`DatabaseUnavailable`, unless a repeat may cure it (the
+        dialect's ``is_retryable``: SQLite's lock, met by its connection's
+        pragmas)."""
+        try:
+            return connect()
+        except DBAPIError as exc:
+            if self.dialect.is_retryable(exc):
+                raise
+            raise DatabaseUnavailable(
+                f"could not connect to the database ({_first_line(exc.orig)}): try again "
+                "once it answers"
+            ) from exc
+
+    def raise_unavailable(self, exc: DBAPIError) -> None:
+        """Raise :class:`DatabaseUnavailable` from ``exc`` if the dialect says it
+        is one (:meth:`~novaque.dialects.Dialect.is_unavailable`)."""
+        if self.dialect.is_unavailable(exc):
+            raise DatabaseUnavailable(
+                f"the database is unavailable ({_first_line(exc.orig)}): try again once it "
+                "answers; the call may have committed before the answer was lost (a "
+                "publish with a dedup_key is safe to repeat)"
+            ) from exc
+
+    @contextlib.contextmanager
+    def _deadline(self, conn: sa.Connection) -> Iterator[None]:
+        """Bound the transaction on ``conn`` by :attr:`timeout` (none: nothing)."""
+        if self.timeout is None:
+            yield
+            return
+        with self.deadline(conn.connection.driver_connection, conn.invalidate):
+            yield
+
+    @contextlib.contextmanager
+    def deadline(self, driver_conn: Any, invalidate: Callable[[], None]) -> Iterator[None]:
+        """Cancel what runs on ``driver_conn`` once :attr:`timeout` passes; then
+        ``invalidate`` the connection and raise :class:`DatabaseUnavailable`,
+        whatever the driver answered (a commit's wait for a synchronous standby
+        that was cancelled committed without the replication asked for)."""
+        timeout = self.timeout
+        assert timeout is not None
+        deadline = _deadlines.watch(timeout, functools.partial(self.dialect.cancel, driver_conn))
+        try:
+            yield
+        except Exception as exc:
+            if deadline.end():
+                invalidate()
+                raise _timed_out(timeout) from exc
+            raise
+        except BaseException:
+            deadline.end()
+            raise
+        if deadline.end():
+            invalidate()
+            raise _timed_out(timeout)
 
     def driver_path(self) -> bool:
         """Whether :meth:`run_driver` may be used: nothing of the engine watches
@@ -152,7 +220,7 @@ class SyncExecutor:
         connection is dropped from the pool, as on SQLAlchemy's own path.
         """
         engine = self._autocommit_engine or self.engine
-        return self._retried(functools.partial(_on_driver, engine, fn), attempts)
+        return self._retried(functools.partial(_on_driver, engine, fn, self), attempts)
 
     def pause(self, seconds: float) -> None:
         """Wait ``seconds`` before trying again."""
@@ -165,7 +233,7 @@ class SyncExecutor:
     @contextlib.contextmanager
     def _transaction(self, one_statement: bool) -> Iterator[sa.Connection]:
         if one_statement and self._autocommit_engine is not None:
-            with self._autocommit_engine.connect() as conn:
+            with self.opened(self._autocommit_engine.connect) as conn, self._deadline(conn):
                 yield conn
             return
         if one_statement and self._autocommit:
@@ -174,24 +242,41 @@ class SyncExecutor:
             # with the same atomicity and durability. psycopg switches
             # autocommit on the client side, and the pool switches it back
             # when the connection returns.
-            with self.engine.connect() as conn:
+            with self.opened(self.engine.connect) as conn, self._deadline(conn):
                 yield conn.execution_options(isolation_level="AUTOCOMMIT")
             return
-        with self.engine.begin() as conn:
+        # The deadline covers the commit (and its wait for a standby).
+        with self.opened(self.engine.connect) as conn, self._deadline(conn), conn.begin():
             if self._begin:
                 self.dialect.begin_transaction(conn)
             yield conn
 
-    def connect(self) -> sa.Connection:
-        """A connection on novaque's engine, for reads outside :meth:`run` (close it)."""
-        return self.engine.connect()
+    @contextlib.contextmanager
+    def connect(self) -> Iterator[sa.Connection]:
+        """A connection on novaque's engine, for reads outside :meth:`run`; its
+        errors and deadline are those of :meth:`run`'s transactions."""
+        try:
+            with self.opened(self.engine.connect) as conn, self._deadline(conn):
+                yield conn
+        except DBAPIError as exc:
+            self.raise_unavailable(exc)
+            raise
 
     @contextlib.contextmanager
     def migration_transaction(self) -> Iterator[sa.Connection]:
-        """The transaction that :meth:`Client.migrate` and ``downgrade`` run in."""
-        with self.engine.connect() as conn, self.dialect.migration_session(conn), conn.begin():
-            yield conn
-            self.dialect.check_migration(conn)
+        """The transaction that :meth:`Client.migrate` and ``downgrade`` run in
+        (no deadline: a migration may build an index on a large table)."""
+        try:
+            with (
+                self.opened(self.engine.connect) as conn,
+                self.dialect.migration_session(conn),
+                conn.begin(),
+            ):
+                yield conn
+                self.dialect.check_migration(conn)
+        except DBAPIError as exc:
+            self.raise_unavailable(exc)
+            raise
 
     def open_listener(self) -> NotifyListener | None:
         """A connection that receives the dialect's wake-ups, or None (consumers poll)."""
@@ -212,14 +297,33 @@ class SyncExecutor:
             self._autocommit_engine.dispose()
 
 
-def _on_driver(engine: sa.Engine, fn: Callable[[Any], T]) -> T:
-    """``fn`` of a pooled DBAPI connection of ``engine``, its errors as SQLAlchemy's."""
-    fairy = engine.raw_connection()
+def _first_line(exc: BaseException | None) -> str:
+    """``Type: first line of the message`` of a driver's error."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _timed_out(timeout: float) -> DatabaseUnavailable:
+    return DatabaseUnavailable(
+        f"the database did not answer within Options.transaction_timeout ({timeout:g} s): "
+        "the transaction was cancelled and its connection closed; it may have committed "
+        "(a publish with a dedup_key is safe to repeat)"
+    )
+
+
+def _on_driver(engine: sa.Engine, fn: Callable[[Any], T], executor: SyncExecutor) -> T:
+    """``fn`` of a pooled DBAPI connection of ``engine``, its errors as SQLAlchemy's,
+    within ``executor``'s deadline."""
+    fairy = executor.opened(engine.raw_connection)
     ended = False  # fn's transaction ended (it returned, or was rolled back here)
     try:
         dbapi: Any = fairy.dbapi_connection
         try:
-            found = fn(dbapi)
+            if executor.timeout is None:
+                found = fn(dbapi)
+            else:
+                with executor.deadline(fairy.driver_connection, fairy.invalidate):
+                    found = fn(dbapi)
             ended = True
             return found
         except engine.dialect.loaded_dbapi.Error as exc:
@@ -260,8 +364,15 @@ class AsyncExecutor(SyncExecutor):
 
     asynchronous = True
 
-    def __init__(self, engine: sa.Engine, dialect: Dialect, *, sqlite_on_loop: bool = True) -> None:
-        super().__init__(engine, dialect)
+    def __init__(
+        self,
+        engine: sa.Engine,
+        dialect: Dialect,
+        *,
+        timeout: float | None = None,
+        sqlite_on_loop: bool = True,
+    ) -> None:
+        super().__init__(engine, dialect, timeout=timeout)
         #: SQLite: novaque's own transactions, run by a sync executor on a
         #: thread of the client's, or on the loop's (see :meth:`run`).
         self._threaded: SyncExecutor | None = None
@@ -409,6 +520,7 @@ class _OnLoop(SyncExecutor):
         except DBAPIError as exc:
             if self.dialect.is_retryable(exc):
                 raise _LockTaken from exc
+            self.raise_unavailable(exc)
             raise
         finally:
             self._lock.release()

@@ -17,6 +17,7 @@ from typing import Literal
 import sqlalchemy as sa
 
 from novaque._time import to_us
+from novaque.errors import DatabaseUnavailable
 from novaque.models import Message
 
 __all__ = ["SETTLE_MAX_FAILURES", "Ledger", "Outcome", "key", "split_failed", "transient"]
@@ -156,6 +157,8 @@ def transient(exc: BaseException) -> bool:
     """True for errors that writing the same thing again may cure: a lost
     connection, a deadlock, a lock or pool timeout, a busy database. Not data
     the database refuses, nor bugs."""
+    if isinstance(exc, DatabaseUnavailable):
+        return True
     if isinstance(exc, sa.exc.DBAPIError):
         return exc.connection_invalidated or isinstance(
             exc, (sa.exc.OperationalError, sa.exc.InterfaceError)

@@ -81,7 +81,12 @@ class _Core(Client):
     _waits = TASKS
 
     def _new_executor(self, engine: sa.Engine) -> AsyncExecutor:
-        return AsyncExecutor(engine, self._dialect, sqlite_on_loop=self.options.sqlite_on_loop)
+        return AsyncExecutor(
+            engine,
+            self._dialect,
+            timeout=self._transaction_timeout(),
+            sqlite_on_loop=self.options.sqlite_on_loop,
+        )
 
 
 def _bridged(

@@ -596,6 +596,7 @@ class Transport(virtual.Transport):
         *virtual.Transport.connection_errors,
         sa.exc.OperationalError,
         sa.exc.InterfaceError,
+        novaque.DatabaseUnavailable,
     )
     implements = virtual.Transport.implements.extend(
         exchange_type=frozenset(["direct", "topic", "fanout"]),

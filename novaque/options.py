@@ -121,6 +121,16 @@ class Options:
     the transaction to a thread of the client's to wait there); False sends
     every transaction to that thread, so the loop never waits for the disk,
     at the cost of a thread hand-over each.
+
+    ``transaction_timeout``: the longest one of novaque's own transactions
+    (a publish, a claim, an ack, a maintenance batch, ...) may wait for the
+    database, its commit included, before it is cancelled and raises
+    :class:`~novaque.DatabaseUnavailable` (``None``: no limit). PostgreSQL
+    only: there a cancel request stops a statement and a commit's wait for a
+    synchronous standby alike; MySQL/MariaDB bound lock waits with
+    ``innodb_lock_wait_timeout``, SQLite with its busy timeout. A caller's
+    own transactions (``connection=``, ``session=``) are the caller's to
+    bound, and migrations are not limited.
     """
 
     default_ttl: Duration = timedelta(days=7)
@@ -145,6 +155,7 @@ class Options:
     consumer_heartbeat: Duration = 10.0
     watch_interval: Duration | None = 0.002
     sqlite_on_loop: bool = True
+    transaction_timeout: Duration | None = 30.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -174,6 +185,8 @@ class Options:
             check_int(self.dead_max_count, "Options.dead_max_count", 0, MAX_INT32)
         if self.dead_max_bytes is not None:
             check_int(self.dead_max_bytes, "Options.dead_max_bytes", 0, MAX_BIGINT)
+        if self.transaction_timeout is not None:
+            seconds(self.transaction_timeout, "Options.transaction_timeout", allow_zero=False)
         for name in ("dead_letter_expired", "sqlite_on_loop"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidOption(

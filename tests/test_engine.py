@@ -270,19 +270,21 @@ def test_novaques_own_driver_missing_names_its_extra(
 
 
 @SERVERS
-def test_a_connection_lost_under_the_driver_path_raises_sqlalchemys_error_and_is_replaced(
+def test_a_connection_lost_under_the_driver_path_raises_database_unavailable_and_is_replaced(
     backend: Backend,
 ) -> None:
     # A plain engine (no ping before use): the publish of one message runs
-    # on the driver's connection; its loss is SQLAlchemy's DBAPIError, the
-    # connection leaves the pool, and the next publish gets a new one.
+    # on the driver's connection; its loss is DatabaseUnavailable from
+    # SQLAlchemy's DBAPIError, the connection leaves the pool, and the next
+    # publish gets a new one.
     client = novaque.Client(backend.engine())
     client.ensure_channel("lost", "c")
     client.publish("lost", b"before")
     assert kill_other_sessions(backend) >= 1
-    with pytest.raises(sa.exc.DBAPIError) as caught:
+    with pytest.raises(novaque.DatabaseUnavailable) as caught:
         client.publish("lost", b"cut")
-    assert caught.value.connection_invalidated
+    assert isinstance(caught.value.__cause__, sa.exc.DBAPIError)
+    assert caught.value.__cause__.connection_invalidated
     client.publish("lost", b"after")
     assert [m.body for m in client.claim("lost", "c", max_messages=5)] == [b"before", b"after"]
     client.delete_topic("lost")

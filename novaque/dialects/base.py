@@ -406,6 +406,31 @@ class Dialect:
         """True for errors a repeat of the same transaction can cure (deadlock, busy)."""
         return False
 
+    def is_unavailable(self, exc: DBAPIError) -> bool:
+        """True for errors that say the database cannot serve now rather than
+        refuse what was asked: the connection was lost or could not be
+        opened, the server shuts down or takes no writes (a standby, a
+        failover in progress, a cluster node still joining). novaque's own
+        transactions raise them as :class:`~novaque.DatabaseUnavailable`
+        (after the retries :meth:`is_retryable` allows, for an error that is
+        both).
+
+        Here: a connection that SQLAlchemy found lost (the driver's
+        ``is_disconnect``); each dialect adds its database's codes.
+        """
+        return bool(exc.connection_invalidated)
+
+    #: Whether :meth:`cancel` can stop a statement from another thread: the
+    #: executor then bounds each of novaque's transactions by
+    #: ``Options.transaction_timeout``.
+    can_cancel: ClassVar[bool] = False
+
+    def cancel(self, driver_conn: Any) -> None:
+        """Ask the server to cancel what runs on ``driver_conn`` (the driver's
+        own connection, used by another thread meanwhile), where
+        :attr:`can_cancel`. It may block while it reaches the server."""
+        raise NotImplementedError(f"{self.name} statements cannot be cancelled")
+
     #: Operations ("publish", "claim", "ack", "ack_claim", "ack_ordered": an
     #: ack of ordered deliveries, "settle": requeue, reject, renew) that this
     #: dialect does in a single statement; their callers pass

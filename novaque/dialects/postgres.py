@@ -31,6 +31,21 @@ from novaque.schema import PARKED_OFFSET, STATE_LEASED, STATE_READY, channels, g
 
 MIGRATION_LOCK_KEY = 0x6E6F7661717565  # "novaque"
 
+#: SQLSTATEs of a server that cannot serve now (besides class 08, connection
+#: exceptions): shutting down (57P01 admin, 57P02 crash), starting or in
+#: recovery (57P03), a read-only session: a standby, or a multi-host URL's
+#: primary gone (25006).
+_UNAVAILABLE_CODES = frozenset({"57P01", "57P02", "57P03", "25006"})
+#: What PgBouncer's errors (SQLSTATE 08P01) say when its server is lost or
+#: cannot be reached.
+_POOLER_OUTAGES = (
+    "server conn crashed",
+    "cannot connect to server",
+    "query_wait_timeout",
+    "server_login_retry",
+    "server login has been failing",
+)
+
 
 def array_literal(values: Sequence[int | str | None]) -> str:
     """PostgreSQL's text form of a one-dimensional array of integers or strings
@@ -431,6 +446,29 @@ class PostgresDialect(Dialect):
 
     def is_retryable(self, exc: DBAPIError) -> bool:
         return getattr(exc.orig, "sqlstate", None) in ("40P01", "40001")
+
+    def is_unavailable(self, exc: DBAPIError) -> bool:
+        if super().is_unavailable(exc):
+            return True
+        code = getattr(exc.orig, "sqlstate", None)
+        if code is None:
+            # psycopg's own errors carry no SQLSTATE: a connection that could
+            # not be opened (refused, no primary among the hosts of a
+            # multi-host URL, a timeout) or was lost.
+            return isinstance(exc, sa.exc.OperationalError)
+        if code == "08P01":
+            # PostgreSQL's "protocol violation" is a bug, not an outage; but
+            # PgBouncer reports its lost or unreachable servers with it.
+            text = str(exc.orig).lower()
+            return any(sign in text for sign in _POOLER_OUTAGES)
+        return code.startswith("08") or code in _UNAVAILABLE_CODES
+
+    can_cancel = True
+
+    def cancel(self, driver_conn: Any) -> None:
+        # libpq's cancel request, on a connection of its own (safe from
+        # another thread, for psycopg's sync and asyncio connections alike).
+        driver_conn.pgconn.get_cancel().cancel()
 
     def notify(self, conn: sa.Connection, topic: str) -> None:
         conn.execute(sa.select(sa.func.pg_notify(NOTIFY_CHANNEL, topic)))
