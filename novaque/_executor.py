@@ -143,15 +143,20 @@ class SyncExecutor:
         :class:`DatabaseUnavailable`, unless a repeat may cure it (the
         dialect's ``is_retryable``: SQLite's lock, met by its connection's
         pragmas)."""
+        dialect = self.engine.dialect
         try:
             return connect()
-        except DBAPIError as exc:
-            if self.dialect.is_retryable(exc):
-                raise
+        except (DBAPIError, dialect.loaded_dbapi.Error) as exc:
+            # A pool's raw connection raises the driver's own error.
+            error = exc if isinstance(exc, DBAPIError) else _wrapped(exc, dialect)
+            if self.dialect.is_retryable(error):
+                if error is exc:
+                    raise
+                raise error from exc
             raise DatabaseUnavailable(
-                f"could not connect to the database ({_first_line(exc.orig)}): try again "
+                f"could not connect to the database ({_first_line(error.orig)}): try again "
                 "once it answers"
-            ) from exc
+            ) from error
 
     def raise_unavailable(self, exc: DBAPIError) -> None:
         """Raise :class:`DatabaseUnavailable` from ``exc`` if the dialect says it
@@ -301,6 +306,13 @@ def _first_line(exc: BaseException | None) -> str:
     """``Type: first line of the message`` of a driver's error."""
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _wrapped(exc: Exception, dialect: sa.Dialect) -> DBAPIError:
+    """The driver's error ``exc`` as SQLAlchemy's (its kind of ``DBAPIError``)."""
+    error = DBAPIError.instance(None, None, exc, dialect.loaded_dbapi.Error, dialect=dialect)
+    assert isinstance(error, DBAPIError)
+    return error
 
 
 def _timed_out(timeout: float) -> DatabaseUnavailable:
