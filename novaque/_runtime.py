@@ -14,8 +14,11 @@ its :class:`~novaque._core.CoreClient` (the client forwards to it):
   from elsewhere, held while any of them runs: PostgreSQL's ``LISTEN``
   (the server pushes ``NOTIFY``), or on SQLite and MySQL/MariaDB the change
   watcher, which looks for new deliveries every ``Options.watch_interval``
-  (``None``: none, consumers poll). It reconnects when the connection drops
-  and then wakes every one once, since a wake-up may have been missed.
+  (``None``: none, consumers poll; ``Options.listen=False``: no wake-up
+  connection at all). It reconnects when the connection drops
+  and then wakes every one once, since a wake-up may have been missed. A
+  ``LISTEN`` that cannot be delivered (PgBouncer's transaction pooling) is
+  reported once, and the client's consumers poll from then on.
 
 Each loop is a thread for :class:`novaque.Client` and a task for the asyncio
 twin (``_waits``: :mod:`novaque._waits`).
@@ -35,7 +38,7 @@ from novaque._presence import Presence
 from novaque._signals import Signals
 from novaque._waits import Event, Runner, jittered
 from novaque.consumer import Consumer, Handler, RetryDelay
-from novaque.dialects import NotifyListener
+from novaque.dialects import ListenNotDelivered, NotifyListener
 from novaque.errors import InvalidOption, SchemaOutOfDate
 from novaque.models import Message
 from novaque.options import Backoff, Duration, check_int, seconds, watch_interval
@@ -93,6 +96,9 @@ class Runtime:
         self.listening: _Listening | None = None
         #: Long polls waiting now (they share the listener with the consumers).
         self._pollers = 0
+        #: Whether this client holds a wake-up connection (``Options.listen``;
+        #: off for good once a LISTEN was found not delivered).
+        self.listens = core.options.listen
         #: Seconds between two looks of the change watcher, or None: no watcher
         #: (PostgreSQL listens instead; ``Options.watch_interval=None``).
         interval = core.options.watch_interval
@@ -299,7 +305,7 @@ class Runtime:
         """Start the listener if the database pushes wake-ups (or the change
         watcher where it does not) and it is not running (under ``_lock``)."""
         listens = self.core._dialect.supports_notify or self.watch_s is not None
-        if listens and self.listening is None:
+        if listens and self.listens and self.listening is None:
             run = self.listening = _Listening(self._waits.event())
             run.loop = self._waits.spawn(lambda: self._listen_loop(run), "novaque-listener")
 
@@ -342,6 +348,11 @@ class Runtime:
                         self.core._wake(topic)
                     if topics:
                         signals.bump("notified", len(topics))
+                except ListenNotDelivered as exc:
+                    self.listens = False
+                    signals.bump("listen_refused")
+                    self.log.warning("%s", exc)
+                    return
                 except Exception as exc:
                     signals.bump("listen_errors")
                     self.log.error(

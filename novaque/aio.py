@@ -55,7 +55,7 @@ from novaque._bridge import bridged
 from novaque._executor import AsyncExecutor
 from novaque._signals import Signals
 from novaque._waits import TASKS
-from novaque.client import Client
+from novaque.client import Client, pooled_options
 from novaque.consumer import Consumer
 from novaque.errors import InvalidOption
 from novaque.models import Message
@@ -444,20 +444,22 @@ class AsyncConsumer:
         return self._consumer._signals
 
 
-def connect(url: str | sa.URL, **option_fields: Any) -> AsyncClient:
+def connect(url: str | sa.URL, *, pgbouncer: bool = False, **option_fields: Any) -> AsyncClient:
     """An :class:`AsyncClient` on a new ``AsyncEngine`` for ``url``, set up the
-    way novaque runs best (see :func:`novaque.connect`).
+    way novaque runs best (see :func:`novaque.connect`, ``pgbouncer`` too).
 
     ``url`` names an asyncio driver: ``postgresql+psycopg://``,
     ``mysql+asyncmy://`` or ``mysql+aiomysql://``, ``sqlite+aiosqlite:///``.
     A URL without a driver (``postgresql://`` or ``postgres://``, ``mysql://``,
     ``mariadb://``, ``sqlite:///``) gets psycopg, asyncmy or aiosqlite.
     """
-    options = Options(**option_fields)
+    options = pooled_options(pgbouncer, option_fields)
     parsed = dialects.normalise_url(url, asynchronous=True)
     pool_size = dialects.pool_size_for(options.max_in_flight)
     try:
-        sync_engine = dialects.create_engine(parsed, pool_size=pool_size, asynchronous=True)
+        sync_engine = dialects.create_engine(
+            parsed, pool_size=pool_size, asynchronous=True, pgbouncer=pgbouncer
+        )
     except sa.exc.InvalidRequestError as exc:
         raise InvalidOption(
             f"{parsed.drivername}:// is not an asyncio driver ({exc}); novaque.aio works "

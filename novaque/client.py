@@ -151,7 +151,7 @@ class Client(CoreClient):
                 conn.rollback()
 
 
-def connect(url: str | sa.URL, **option_fields: Any) -> Client:
+def connect(url: str | sa.URL, *, pgbouncer: bool = False, **option_fields: Any) -> Client:
     """A client on a new engine for ``url``, set up the way novaque runs best.
 
     Keyword arguments are :class:`Options` fields. SQLite gets WAL, a busy
@@ -160,9 +160,19 @@ def connect(url: str | sa.URL, **option_fields: Any) -> Client:
     before use after a second idle. MySQL/MariaDB connections run in READ
     COMMITTED (also for the application's own work on ``client.engine``) and
     are rolled back on return to the pool only when a transaction is open.
+    A new PostgreSQL connection may take 10 s at most (libpq's
+    ``connect_timeout``, unless the URL sets one).
+
+    ``pgbouncer=True``: PostgreSQL through PgBouncer in transaction pooling
+    (or any pooler that hands a connection's transactions to server sessions
+    in turn): psycopg's server-side prepared statements are off
+    (``prepare_threshold=None``) and ``Options.listen`` is False (consumers
+    poll every ``poll_interval``).
     """
-    options = Options(**option_fields)
-    engine = dialects.create_engine(url, pool_size=dialects.pool_size_for(options.max_in_flight))
+    options = pooled_options(pgbouncer, option_fields)
+    engine = dialects.create_engine(
+        url, pool_size=dialects.pool_size_for(options.max_in_flight), pgbouncer=pgbouncer
+    )
     if engine.dialect.is_async:
         engine.dispose()
         raise InvalidOption(
@@ -173,3 +183,18 @@ def connect(url: str | sa.URL, **option_fields: Any) -> Client:
     client = Client(engine, options)
     client._owns_engine = True  # closed by client.shutdown()
     return client
+
+
+def pooled_options(pgbouncer: bool, option_fields: dict[str, Any]) -> Options:
+    """The :class:`Options` of :func:`connect`: ``option_fields``, and with
+    ``pgbouncer`` no wake-up connection (``listen=False``)."""
+    if not isinstance(pgbouncer, bool):
+        raise InvalidOption(f"pgbouncer must be True or False, got {type(pgbouncer).__name__}")
+    if pgbouncer:
+        if option_fields.get("listen", False) is not False:
+            raise InvalidOption(
+                "listen=True cannot work with pgbouncer=True: LISTEN does not reach a "
+                "client through transaction pooling (leave listen out)"
+            )
+        option_fields = {**option_fields, "listen": False}
+    return Options(**option_fields)

@@ -122,6 +122,11 @@ class Options:
     every transaction to that thread, so the loop never waits for the disk,
     at the cost of a thread hand-over each.
 
+    ``listen``: whether the client holds a wake-up connection while consumers
+    or long polls wait (PostgreSQL's ``LISTEN``, the change watcher of SQLite
+    and MySQL/MariaDB). False: none; they find new messages by polling every
+    ``poll_interval``, which is what PgBouncer's transaction pooling needs
+    (:func:`novaque.connect` with ``pgbouncer=True`` sets it).
     ``transaction_timeout``: the longest one of novaque's own transactions
     (a publish, a claim, an ack, a maintenance batch, ...) may wait for the
     database, its commit included, before it is cancelled and raises
@@ -155,6 +160,7 @@ class Options:
     consumer_heartbeat: Duration = 10.0
     watch_interval: Duration | None = 0.002
     sqlite_on_loop: bool = True
+    listen: bool = True
     transaction_timeout: Duration | None = 30.0
 
     def __post_init__(self) -> None:
@@ -187,7 +193,7 @@ class Options:
             check_int(self.dead_max_bytes, "Options.dead_max_bytes", 0, MAX_BIGINT)
         if self.transaction_timeout is not None:
             seconds(self.transaction_timeout, "Options.transaction_timeout", allow_zero=False)
-        for name in ("dead_letter_expired", "sqlite_on_loop"):
+        for name in ("dead_letter_expired", "sqlite_on_loop", "listen"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidOption(
                     f"Options.{name} must be True or False, got "

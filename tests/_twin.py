@@ -167,10 +167,19 @@ class TwinConsumer:
         self._client._loop.run(self.aio.shutdown(timeout))
 
 
-def make(backend_name: str, url: str, loop: Loop, options: novaque.Options) -> SyncTwin:
-    """A twin client on the backend's database (its engine built on the loop)."""
+def make(
+    backend_name: str,
+    url: str,
+    loop: Loop,
+    options: novaque.Options,
+    connect_args: dict[str, Any] | None = None,
+) -> SyncTwin:
+    """A twin client on the backend's database (its engine built on the loop;
+    ``connect_args``: the driver's, of both engines)."""
+    args = connect_args or {}
 
     async def build() -> novaque.aio.AsyncClient:
-        return novaque.aio.AsyncClient(create_async_engine(async_url(backend_name, url)), options)
+        engine = create_async_engine(async_url(backend_name, url), connect_args=args)
+        return novaque.aio.AsyncClient(engine, options)
 
-    return SyncTwin(loop.run(build()), loop, sa.create_engine(url))
+    return SyncTwin(loop.run(build()), loop, sa.create_engine(url, connect_args=args))

@@ -11,6 +11,13 @@ Where the servers come from:
 - Otherwise those backends are skipped, with one summary line per backend
   saying how to enable it (``skip_reason``, ``pytest_runtest_makereport``).
 
+Modules marked ``pooled`` run their ``backend`` tests a fourth time, as
+``pgbouncer``: PostgreSQL through PgBouncer in transaction pooling, at
+``NOVAQUE_TEST_PGBOUNCER_URL`` (``tests/topologies/pgbouncer.sh`` starts one;
+``.ci/run`` does), with the settings ``novaque.connect(url, pgbouncer=True)``
+uses (no prepared statements, no LISTEN). Unset, those runs are skipped, but
+fail when ``CI=true``: CI never skips a topology silently.
+
 Each backend's database is migrated once per session; every test then starts
 from empty tables (rows deleted, schema kept), which keeps the suite fast.
 """
@@ -36,6 +43,9 @@ from tests import _twin
 
 BACKENDS = ("sqlite", "postgres", "mysql")
 ENV = {"postgres": "NOVAQUE_TEST_POSTGRES_URL", "mysql": "NOVAQUE_TEST_MYSQL_URL"}
+#: The fourth backend of modules marked ``pgbouncer``: PostgreSQL through PgBouncer.
+PGBOUNCER = "pgbouncer"
+PGBOUNCER_ENV = "NOVAQUE_TEST_PGBOUNCER_URL"
 #: Example server URLs: any database that exists on the server will do (the
 #: suite creates its own); ``postgres`` and ``mysql`` exist on every server.
 EXAMPLE_URL = {
@@ -71,7 +81,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     longrepr = report.longrepr
     if report.skipped and isinstance(longrepr, tuple) and len(longrepr) == 3:
         reason = str(longrepr[2]).removeprefix("Skipped: ")
-        if any(reason.startswith(NOT_TESTED.format(name=name)) for name in ENV):
+        if any(reason.startswith(NOT_TESTED.format(name=name)) for name in [*ENV, PGBOUNCER]):
             report.longrepr = (__file__, None, reason)
     return report
 
@@ -90,19 +100,37 @@ class Backend:
     #: behind the sync surface, see tests/_twin.py) while a ``twin`` test runs.
     twin: str = "sync"
     twins: list[_twin.SyncTwin] = field(default_factory=list)
+    #: PostgreSQL through PgBouncer in transaction pooling (``name`` is
+    #: "postgres"): engines without prepared statements, clients without LISTEN.
+    pgbouncer: bool = False
+
+    @property
+    def connect_args(self) -> dict[str, Any]:
+        """The driver's arguments of every engine on this backend."""
+        return {"prepare_threshold": None} if self.pgbouncer else {}
 
     def engine(self, url: str | None = None) -> sa.Engine:
         """A plain application-style engine (what users pass to ``Client``)."""
-        engine = sa.create_engine(url or self.url)
+        engine = sa.create_engine(url or self.url, connect_args=self.connect_args)
         self.engines.append(engine)
         return engine
 
-    def client(self, **options: Any) -> novaque.Client:
+    def client(self, url: str | None = None, **options: Any) -> novaque.Client:
+        """A client of the test's twin on a plain engine (``url``: another
+        database of the backend, default the session's)."""
+        if self.pgbouncer:
+            options.setdefault("listen", False)
         if self.twin == "aio":
-            made_twin = _twin.make(self.name, self.url, _twin_loop(), novaque.Options(**options))
+            made_twin = _twin.make(
+                self.name,
+                url or self.url,
+                _twin_loop(),
+                novaque.Options(**options),
+                connect_args=self.connect_args,
+            )
             self.twins.append(made_twin)
             return made_twin  # type: ignore[return-value]  # the same surface
-        made = novaque.Client(self.engine(), novaque.Options(**options))
+        made = novaque.Client(self.engine(url), novaque.Options(**options))
         self.clients.append(made)
         return made
 
@@ -187,21 +215,25 @@ def _docker_available() -> bool:
 _containers: dict[str, Any] = {}
 
 
+def _check_reachable(env: str, url: str) -> None:
+    """Fail the test (never skip it) when the server ``env`` names does not answer."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect():
+            pass
+    except Exception as exc:
+        pytest.fail(
+            f"{env} is set to {url!r} but the server is unreachable: {type(exc).__name__}: {exc}"
+        )
+    finally:
+        engine.dispose()
+
+
 def _server_url(name: str) -> tuple[str | None, str]:
     """The server URL for a backend, or None with the reason it is skipped."""
     configured = os.environ.get(ENV[name])
     if configured:
-        engine = sa.create_engine(configured)
-        try:
-            with engine.connect():
-                pass
-        except Exception as exc:
-            pytest.fail(
-                f"{ENV[name]} is set to {configured!r} but the server is unreachable: "
-                f"{type(exc).__name__}: {exc}"
-            )
-        finally:
-            engine.dispose()
+        _check_reachable(ENV[name], configured)
         return configured, ""
     if any(os.environ.get(v) for v in ENV.values()) or not _docker_available():
         return None, skip_reason(name)
@@ -228,11 +260,34 @@ def _backends(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ba
         container.stop()
 
 
+def topology_url(env: str, name: str, how: str) -> str:
+    """The URL of a topology the test set-up starts (``env``), or a skip saying
+    how to start it; under ``CI=true`` a failure instead: CI never skips one."""
+    url = os.environ.get(env)
+    if url:
+        return url
+    reason = f"{NOT_TESTED.format(name=name)}set {env} ({how})"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
 def _make_backend(name: str, made: dict[str, Backend], tmp: Path) -> Backend:
     if name in made:
         return made[name]
     if name == "sqlite":
         backend = Backend("sqlite", f"sqlite:///{tmp / 'novaque-test.db'}")
+    elif name == PGBOUNCER:
+        server = topology_url(
+            PGBOUNCER_ENV,
+            PGBOUNCER,
+            "tests/topologies/pgbouncer.sh start; then export "
+            f"{PGBOUNCER_ENV}=$(tests/topologies/pgbouncer.sh url)",
+        )
+        _check_reachable(PGBOUNCER_ENV, server)
+        url, drop = _create_database("postgres", server)
+        backend = Backend("postgres", url, server_url=server, pgbouncer=True)
+        backend._scratch.append(drop)
     else:
         server, reason = _server_url(name)
         if server is None:
@@ -246,7 +301,7 @@ def _make_backend(name: str, made: dict[str, Backend], tmp: Path) -> Backend:
     return backend
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture  # parametrized by pytest_generate_tests
 def backend(
     request: pytest.FixtureRequest,
     _backends: dict[str, Backend],
@@ -276,6 +331,14 @@ TWINS = ("sync", "aio")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    definition = metafunc.definition
+    if "backend" in metafunc.fixturenames and not any(
+        "backend" in str(m.args[0]) for m in definition.iter_markers("parametrize")
+    ):
+        # Every backend, unless the test names its own; in a module marked
+        # pooled, PostgreSQL through PgBouncer too.
+        through = [PGBOUNCER] if definition.get_closest_marker("pooled") is not None else []
+        metafunc.parametrize("backend", [*BACKENDS, *through], indirect=True)
     if "twin" in metafunc.fixturenames:
         # A test of what only the sync client has (a sync caller's connection,
         # threads) is marked sync_only.

@@ -12,7 +12,7 @@ from novaque.schema import deliveries, messages
 from novaque.testing import FakeClock
 from tests.conftest import Backend
 
-pytestmark = pytest.mark.usefixtures("twin")
+pytestmark = [pytest.mark.usefixtures("twin"), pytest.mark.pooled]
 
 
 def one(

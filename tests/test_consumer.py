@@ -23,7 +23,7 @@ from novaque.schema import STATE_DEAD, STATE_LEASED, STATE_READY, deliveries
 from novaque.testing import FakeClock, make_message
 from tests.conftest import Backend
 
-pytestmark = pytest.mark.usefixtures("twin")
+pytestmark = [pytest.mark.usefixtures("twin"), pytest.mark.pooled]
 
 LOG = logging.getLogger("novaque")
 WAIT = 60.0  # deadline of every wait on a background thread (generous: shared machine)

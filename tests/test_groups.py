@@ -7,7 +7,7 @@ import pytest
 
 import novaque
 
-pytestmark = pytest.mark.usefixtures("twin")
+pytestmark = [pytest.mark.usefixtures("twin"), pytest.mark.pooled]
 
 
 def test_a_group_travels_with_its_message(client: novaque.Client) -> None:

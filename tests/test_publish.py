@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 import novaque
 from tests.conftest import Backend
 
-pytestmark = pytest.mark.usefixtures("twin")
+pytestmark = [pytest.mark.usefixtures("twin"), pytest.mark.pooled]
 
 
 def drain(client: novaque.Client, topic: str, channel: str) -> list[novaque.Message]:

@@ -18,7 +18,7 @@ from novaque.testing import FakeClock
 from tests.conftest import Backend
 from tests.test_consumer import WAIT, Recorder, rows, waited
 
-pytestmark = pytest.mark.usefixtures("twin")
+pytestmark = [pytest.mark.usefixtures("twin"), pytest.mark.pooled]
 
 FAST = {
     "reap_interval": 0.02,

@@ -26,6 +26,7 @@ from novaque.dialects.engines import (
     own_engine,
     pool_size_for,
 )
+from novaque.dialects.listen import ListenNotDelivered
 from novaque.dialects.mysql import MySQLDialect, on_index
 from novaque.dialects.postgres import PostgresDialect
 from novaque.dialects.sqlite import SQLiteDialect
@@ -34,6 +35,7 @@ __all__ = [
     "NOTIFY_CHANNEL",
     "ClaimedRow",
     "Dialect",
+    "ListenNotDelivered",
     "MySQLDialect",
     "NotifyListener",
     "PostgresDialect",

@@ -13,7 +13,7 @@ from novaque.dialects.base import Dialect
 from novaque.dialects.mysql import MySQLDialect
 from novaque.dialects.postgres import PostgresDialect
 from novaque.dialects.sqlite import BEGINS_IMMEDIATE, SQLiteDialect
-from novaque.errors import UnsupportedDatabase
+from novaque.errors import InvalidOption, UnsupportedDatabase
 
 #: Engines built by :func:`novaque.connect` are already set up for novaque.
 _PREPARED: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
@@ -294,6 +294,23 @@ def missing_driver(
     return error
 
 
+def _postgres_connect_args(url: sa.URL, pgbouncer: bool) -> dict[str, Any]:
+    """The driver's connection arguments for a PostgreSQL engine of
+    :func:`create_engine` (libpq's drivers: psycopg, psycopg2)."""
+    try:
+        driver = url.get_dialect().driver
+    except Exception:  # an unknown driver: create_engine says so
+        return {}
+    args: dict[str, Any] = {}
+    if driver.startswith("psycopg") and "connect_timeout" not in url.query:
+        args["connect_timeout"] = CONNECT_TIMEOUT_S
+    if pgbouncer and driver in ("psycopg", "psycopg_async"):
+        # Prepared statements live in a server session, which transaction
+        # pooling hands to another client after each transaction.
+        args["prepare_threshold"] = None
+    return args
+
+
 def pool_size_for(max_in_flight: int) -> int:
     """The pool ``connect`` builds: a connection for each of a consumer's
     ``max_in_flight`` workers, and four for the claim loop, maintenance, the
@@ -301,15 +318,30 @@ def pool_size_for(max_in_flight: int) -> int:
     return max(5, max_in_flight + 4)
 
 
-def create_engine(url: str | sa.URL, pool_size: int, *, asynchronous: bool = False) -> sa.Engine:
+#: How long a new PostgreSQL connection may take (seconds) where the URL says
+#: nothing (libpq's ``connect_timeout``; per host of a multi-host URL): a
+#: server that accepts the connection but never answers must not hang a call.
+CONNECT_TIMEOUT_S = 10
+
+
+def create_engine(
+    url: str | sa.URL, pool_size: int, *, asynchronous: bool = False, pgbouncer: bool = False
+) -> sa.Engine:
     """Build an engine for ``url`` with the settings novaque runs best with.
 
     ``asynchronous``: ``url`` names an asyncio driver; the result is then the
     ``sync_engine`` of an ``AsyncEngine`` (wrap it in ``AsyncEngine``). ``url``
     is read by :func:`normalise_url`.
+    ``pgbouncer``: PostgreSQL behind PgBouncer in transaction pooling, where
+    no session state lasts beyond a transaction: psycopg's server-side
+    prepared statements are off (``prepare_threshold=None``).
     """
     parsed = normalise_url(url, asynchronous=asynchronous)
     backend = parsed.get_backend_name()
+    if pgbouncer and backend != "postgresql":
+        raise InvalidOption(
+            f"pgbouncer=True is for PostgreSQL URLs (postgresql+psycopg://), not {backend!r}"
+        )
     if backend == "sqlite":
         try:
             probe = _new_engine(parsed, asynchronous=asynchronous)
@@ -321,7 +353,9 @@ def create_engine(url: str | sa.URL, pool_size: int, *, asynchronous: bool = Fal
             probe.dispose()
     elif backend in ("postgresql", "mysql", "mariadb"):
         kwargs: dict[str, Any] = {"pool_size": pool_size, "max_overflow": pool_size}
-        if backend != "postgresql":
+        if backend == "postgresql":
+            kwargs["connect_args"] = _postgres_connect_args(parsed, pgbouncer)
+        else:
             kwargs["pool_recycle"] = 3600  # below MySQL's default wait_timeout
             # READ COMMITTED set once per connection instead of a SET TRANSACTION
             # before each of novaque's transactions (see MySQLDialect).

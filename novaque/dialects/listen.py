@@ -17,6 +17,24 @@ from novaque.dialects.base import NOTIFY_CHANNEL
 #: so a connection that died silently is noticed and replaced.
 LISTEN_HEALTH_CHECK_S = 15.0
 
+_LISTEN = f"LISTEN {NOTIFY_CHANNEL}; SELECT pg_backend_pid()"
+_BACKEND = "SELECT pg_backend_pid()"
+
+
+class ListenNotDelivered(Exception):
+    """``LISTEN`` cannot wake anyone through this connection: a pooler between
+    the client and PostgreSQL hands its statements to server sessions in turn
+    (PgBouncer in transaction pooling), so the session that listens is not the
+    client's, and notifications never reach it."""
+
+    def __str__(self) -> str:
+        return (
+            "LISTEN does not reach this client through the connection pooler in front "
+            "of PostgreSQL (PgBouncer in transaction pooling): consumers and long polls "
+            "poll every poll_interval instead; say so with novaque.connect(url, "
+            "pgbouncer=True) or Options(listen=False)"
+        )
+
 
 class _PostgresListener:
     """``LISTEN novaque`` on a dedicated autocommit psycopg 3 connection.
@@ -29,6 +47,15 @@ class _PostgresListener:
     pair, so :meth:`interrupt` ends a wait at once; notifications are then
     read without blocking.
 
+    A pooler between the client and the server may hand the connection's
+    statements to server sessions in turn (PgBouncer in transaction pooling):
+    the session that listens is then not the client's, and no notification
+    reaches it. The server session's pid tells: ``LISTEN`` returns it, and a
+    client connected straight to the server was told the same pid when it
+    connected (a pooler tells its own). Behind a pooler, :meth:`_pinned`
+    checks that the session stays the client's, and so does every health
+    check; :class:`ListenNotDelivered` is raised when it does not.
+
     The four steps that touch the connection (:meth:`_listen`,
     :meth:`_ready`, :meth:`_read`, :meth:`_query`) are all that
     :class:`_AwaitedPostgresListener` changes for an asyncio connection.
@@ -37,17 +64,25 @@ class _PostgresListener:
     def __init__(self, engine: sa.Engine) -> None:
         self._wake_r, self._wake_w = socket.socketpair()
         self._conn: Any = None
+        #: The pid of the server session that listens, and whether a pooler
+        #: stands between (the client was told another pid).
+        self._session = 0
+        self._pooled = False
         try:
             self._wake_r.setblocking(False)
             self._wake_w.setblocking(False)
             self._conn = self._listen(engine)
+            self._session = self._query(_LISTEN)
+            self._pooled = self._conn.info.backend_pid != self._session
+            if self._pooled:
+                self._pinned(engine)
         except BaseException:
             self.close()
             raise
         self._checked = time.monotonic()
 
     def _listen(self, engine: sa.Engine) -> Any:
-        """Open the listening connection (autocommit, LISTEN sent)."""
+        """Open the listening connection (autocommit)."""
         import psycopg
 
         conn = _detached(engine)
@@ -56,11 +91,31 @@ class _PostgresListener:
             conn = psycopg.connect(*cargs, **params)
         try:
             conn.autocommit = True
-            conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
         except BaseException:
             conn.close()
             raise
         return conn
+
+    def _pinned(self, engine: sa.Engine) -> None:
+        """Behind a pooler: raise :class:`ListenNotDelivered` unless the
+        listening session stays this connection's. Another connection of the
+        engine holds a transaction open meanwhile: under transaction pooling
+        it is handed the listening session (the one just freed) or this
+        connection's next statement runs in another session."""
+        other = engine.raw_connection()
+        try:
+            cursor = other.cursor()
+            try:
+                cursor.execute(_BACKEND)  # a transaction begins (not autocommit)
+                held = int(cursor.fetchall()[0][0])
+            finally:
+                cursor.close()
+            mine = self._query(_BACKEND)
+            other.rollback()
+        finally:
+            other.close()
+        if held == self._session or mine != self._session:
+            raise ListenNotDelivered
 
     def _ready(self, timeout: float) -> tuple[bool, bool]:
         """Wait until the connection or the wake-up socket is readable: (conn, woken)."""
@@ -75,8 +130,12 @@ class _PostgresListener:
         # wake-up).
         return [n.payload for n in self._conn.notifies(timeout=0.001, stop_after=1)]
 
-    def _query(self, sql: str) -> None:
-        self._conn.execute(sql)
+    def _query(self, sql: str) -> int:
+        """Run ``sql``; the integer its last statement returns."""
+        cursor = self._conn.execute(sql)
+        while cursor.nextset():
+            pass
+        return int(cursor.fetchone()[0])
 
     def wait(self, timeout: float) -> list[str]:
         readable, woken = self._ready(timeout)
@@ -97,8 +156,10 @@ class _PostgresListener:
         return []
 
     def _health_check(self) -> None:
-        self._query("SELECT 1")
+        session = self._query(_BACKEND)
         self._checked = time.monotonic()
+        if self._pooled and session != self._session:
+            raise ListenNotDelivered
 
     def interrupt(self) -> None:
         with contextlib.suppress(OSError):
@@ -133,7 +194,6 @@ class _AwaitedPostgresListener(_PostgresListener):
             conn = _await(psycopg.AsyncConnection.connect(*cargs, **params))
         try:
             _await(conn.set_autocommit(True))
-            _await(conn.execute(f"LISTEN {NOTIFY_CHANNEL}"))
         except BaseException:
             _await(conn.close())
             raise
@@ -154,8 +214,14 @@ class _AwaitedPostgresListener(_PostgresListener):
     async def _notified(self) -> list[str]:
         return [n.payload async for n in self._conn.notifies(timeout=0.001, stop_after=1)]
 
-    def _query(self, sql: str) -> None:
-        _await(self._conn.execute(sql))
+    def _query(self, sql: str) -> int:
+        return _await(self._fetched(sql))  # type: ignore[no-any-return]
+
+    async def _fetched(self, sql: str) -> int:
+        cursor = await self._conn.execute(sql)
+        while cursor.nextset():
+            pass
+        return int((await cursor.fetchone())[0])
 
     def _close(self) -> None:
         _await(self._conn.close())
