@@ -22,7 +22,24 @@ from tests.conftest import Backend, run_pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"```python\n(.*?)```", re.S)
-EXAMPLE_URL = re.compile(r'"(postgresql\+psycopg|mysql\+pymysql)://app:secret@localhost/app"')
+EXAMPLE_URL = re.compile(
+    r'"(postgresql\+psycopg|mysql\+pymysql)://app:secret@localhost(:\d+)?/app"'
+)
+#: The guide's multi-host URL (PostgreSQL failover), two string literals.
+MULTI_HOST_URL = re.compile(
+    r'"postgresql\+psycopg://app:secret@/app"\s*'
+    r'"\?host=db1\.internal,db2\.internal&port=5432,5432&target_session_attrs=read-write"'
+)
+
+
+def multi_host(url: str) -> str:
+    """The multi-host form of ``url``: a first host that refuses connections,
+    then ``url``'s server, the one that takes writes."""
+    parsed = sa.make_url(url)
+    return (
+        f"{parsed.drivername}://{parsed.username}@/{parsed.database}?host=127.0.0.1,"
+        f"{parsed.host}&port=1,{parsed.port or 5432}&target_session_attrs=read-write"
+    )
 
 
 def blocks(doc: str) -> list[str]:
@@ -77,6 +94,7 @@ def test_server_examples_run(backend: Backend) -> None:
     assert examples, f"the guide shows no {backend.name} example"
     for block in examples:
         code = EXAMPLE_URL.sub(repr(backend.url), block)
+        code = MULTI_HOST_URL.sub(repr(multi_host(backend.url)), code)
         namespace: dict[str, object] = {}
         exec(compile(code, f"guide {backend.name} example", "exec", dont_inherit=True), namespace)
         client = namespace["client"]
