@@ -168,37 +168,21 @@ class SyncExecutor:
                 "publish with a dedup_key is safe to repeat)"
             ) from exc
 
-    @contextlib.contextmanager
-    def _deadline(self, conn: sa.Connection) -> Iterator[None]:
+    def _deadline(self, conn: sa.Connection) -> contextlib.AbstractContextManager[object]:
         """Bound the transaction on ``conn`` by :attr:`timeout` (none: nothing)."""
         if self.timeout is None:
-            yield
-            return
-        with self.deadline(conn.connection.driver_connection, conn.invalidate):
-            yield
+            return _UNBOUNDED
+        return self.deadline(conn.connection.driver_connection, conn.invalidate)
 
-    @contextlib.contextmanager
-    def deadline(self, driver_conn: Any, invalidate: Callable[[], None]) -> Iterator[None]:
+    def deadline(
+        self, driver_conn: Any, invalidate: Callable[[], None]
+    ) -> contextlib.AbstractContextManager[object]:
         """Cancel what runs on ``driver_conn`` once :attr:`timeout` passes; then
         ``invalidate`` the connection and raise :class:`DatabaseUnavailable`,
         whatever the driver answered (a commit's wait for a synchronous standby
         that was cancelled committed without the replication asked for)."""
-        timeout = self.timeout
-        assert timeout is not None
-        deadline = _deadlines.watch(timeout, functools.partial(self.dialect.cancel, driver_conn))
-        try:
-            yield
-        except Exception as exc:
-            if deadline.end():
-                invalidate()
-                raise _timed_out(timeout) from exc
-            raise
-        except BaseException:
-            deadline.end()
-            raise
-        if deadline.end():
-            invalidate()
-            raise _timed_out(timeout)
+        assert self.timeout is not None
+        return _Bounded(self.timeout, self.dialect.cancel, driver_conn, invalidate)
 
     def driver_path(self) -> bool:
         """Whether :meth:`run_driver` may be used: nothing of the engine watches
@@ -313,6 +297,42 @@ def _wrapped(exc: Exception, dialect: sa.Dialect) -> DBAPIError:
     error = DBAPIError.instance(None, None, exc, dialect.loaded_dbapi.Error, dialect=dialect)
     assert isinstance(error, DBAPIError)
     return error
+
+
+#: What :meth:`SyncExecutor._deadline` gives without a timeout.
+_UNBOUNDED = contextlib.nullcontext()
+
+
+class _Bounded:
+    """A block bounded by a deadline (:meth:`SyncExecutor.deadline`): a class,
+    not a generator, as it runs around every transaction."""
+
+    __slots__ = ("_cancel", "_conn", "_deadline", "_invalidate", "_timeout")
+
+    def __init__(
+        self,
+        timeout: float,
+        cancel: Callable[[Any], None],
+        driver_conn: Any,
+        invalidate: Callable[[], None],
+    ) -> None:
+        self._timeout = timeout
+        self._cancel = cancel
+        self._conn = driver_conn
+        self._invalidate = invalidate
+
+    def __enter__(self) -> None:
+        self._deadline = _deadlines.watch(self._timeout, self._cancel, self._conn)
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if not self._deadline.end():
+            return
+        if kind is not None and not issubclass(kind, Exception):
+            return  # KeyboardInterrupt, a cancelled task: theirs to raise
+        self._invalidate()
+        raise _timed_out(self._timeout) from exc
 
 
 def _timed_out(timeout: float) -> DatabaseUnavailable:

@@ -75,7 +75,7 @@ class Side:
     name: str
     client: novaque.Client
     returned: dict[str, int] = field(default_factory=dict)  # dedup key -> id
-    after: set[int] = field(default_factory=set)  # ids returned after the kill
+    after: set[int] = field(default_factory=set)  # ids of publishes begun after the kill
     first_after: float | None = None  # when the first of them returned
     unavailable: int = 0  # DatabaseUnavailable raised to the publisher
     acked: set[int] = field(default_factory=set)
@@ -113,6 +113,7 @@ class Run:
         i = 0
         while not self.stop.is_set():
             key = f"{side.name}-{i}"
+            began = time.monotonic()
             try:
                 # A repeat after DatabaseUnavailable is safe with a dedup key:
                 # a publish that committed before its answer was lost returns
@@ -124,7 +125,7 @@ class Run:
                 continue
             with side.lock:
                 side.returned[key] = message_id
-                if self.killed_at is not None:
+                if self.killed_at is not None and began >= self.killed_at:
                     side.after.add(message_id)
                     if side.first_after is None:
                         side.first_after = time.monotonic()

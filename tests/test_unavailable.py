@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 import novaque
-from novaque import _ledger
+from novaque import _deadlines, _ledger
 from novaque.testing import FakeClock
 from tests.conftest import Backend, kill_other_sessions
 
@@ -172,3 +172,20 @@ def test_the_transaction_timeout_is_checked() -> None:
 @pytest.mark.sync_only  # no client
 def test_a_consumer_retries_what_it_could_not_settle_while_the_database_was_unavailable() -> None:
     assert _ledger.transient(novaque.DatabaseUnavailable("the database is unavailable"))
+
+
+@pytest.mark.sync_only  # no client
+def test_a_deadline_cancels_once_when_it_passes_and_never_after_its_end() -> None:
+    cancelled: list[str] = []
+    done = threading.Event()
+
+    def cancel(conn: str) -> None:
+        cancelled.append(conn)
+        done.set()
+
+    late = _deadlines.watch(0.01, cancel, "late")
+    in_time = _deadlines.watch(3600, cancel, "in time")
+    assert done.wait(60)
+    assert in_time.end() is False  # ended before its deadline: never cancelled
+    assert late.end() is True  # its owner closes the connection and raises
+    assert cancelled == ["late"]
