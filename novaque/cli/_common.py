@@ -15,7 +15,7 @@ from typing import Any, TextIO
 import sqlalchemy as sa
 
 from novaque.client import Client, connect
-from novaque.errors import NovaqueError
+from novaque.errors import DatabaseUnavailable, NovaqueError
 
 __all__ = [
     "CommandError",
@@ -94,7 +94,9 @@ class Context:
 
 def one_line(exc: BaseException, context: Context) -> str:
     """An error as one line a person can act on."""
-    if isinstance(exc, (NovaqueError, CommandError)):
+    if isinstance(exc, DatabaseUnavailable):
+        text = f"database error on {context.shown_url}: {exc}"
+    elif isinstance(exc, (NovaqueError, CommandError)):
         text = str(exc)
     elif isinstance(exc, sa.exc.NoSuchModuleError):
         text = f"unsupported database URL {context.shown_url!r}: {exc}"
