@@ -14,8 +14,9 @@ Quick start::
 
 from __future__ import annotations
 
-from novaque.client import Client, connect
-from novaque.consumer import Consumer
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from novaque.errors import (
     ChannelNotFound,
     DatabaseUnavailable,
@@ -46,7 +47,23 @@ from novaque.models import (
 )
 from novaque.options import Backoff, Options
 
+if TYPE_CHECKING:
+    from novaque.client import Client, connect
+    from novaque.consumer import Consumer
+
 __version__ = "0.1.0"
+
+#: Names imported on first use, and their modules: ``import novaque`` stays
+#: cheap (a CLI call, a module that only names novaque's errors), and the
+#: client, its database dialects and SQLAlchemy's are loaded by the first
+#: ``novaque.Client`` or ``novaque.connect``. Alembic comes only with a
+#: migration, the admin, kombu, Django and OpenTelemetry integrations only
+#: when imported.
+_LAZY = {
+    "Client": "novaque.client",
+    "Consumer": "novaque.consumer",
+    "connect": "novaque.client",
+}
 
 __all__ = [
     "Backlog",
@@ -80,3 +97,24 @@ __all__ = [
     "__version__",
     "connect",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value  # found directly from now on
+        return value
+    if not name.startswith("__"):
+        # A submodule used as an attribute (``novaque.schema`` after ``import
+        # novaque``), as it was while the package imported them all.
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -10,15 +10,15 @@ import dataclasses
 import functools
 import os
 import secrets
+import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.orm import Session, scoped_session
 
 from novaque import _hooks, _migrate, _validate, dialects
 from novaque._executor import SyncExecutor
@@ -37,6 +37,9 @@ from novaque.options import Duration, Options, check_int, microseconds, seconds
 from novaque.schema import (
     deliveries,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 __all__ = ["CoreClient"]
 
@@ -483,7 +486,7 @@ class CoreClient:
                 "connection must be a SQLAlchemy Connection, got "
                 f"{type(connection).__name__}{_validate.async_hint(connection)}"
             )
-        if session is not None and not isinstance(session, (Session, scoped_session)):
+        if session is not None and not _is_session(session):
             raise TypeError(
                 "session must be a SQLAlchemy Session, got "
                 f"{type(session).__name__}{_validate.async_hint(session)}"
@@ -1414,6 +1417,16 @@ class CoreClient:
         self._executor.close()
         if self._owns_engine:
             self.engine.dispose()
+
+
+def _is_session(obj: object) -> bool:
+    """Whether ``obj`` is a SQLAlchemy ORM session (or scoped session), without
+    importing the ORM: an application that holds a session has imported it."""
+    if "sqlalchemy.orm" not in sys.modules:
+        return False
+    from sqlalchemy.orm import Session, scoped_session
+
+    return isinstance(obj, (Session, scoped_session))
 
 
 def _check_repeated_keys(

@@ -1,23 +1,29 @@
-"""Applying novaque's Alembic migrations from code, and checking they were."""
+"""Applying novaque's Alembic migrations from code, and checking they were.
+
+Alembic is imported only when migrations run (importing it costs about as
+much as importing SQLAlchemy): checking a database's revision reads novaque's
+tables with plain SQL, and the revisions this version of novaque knows come
+from the scripts' own ``revision`` lines.
+"""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
+import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import alembic.context
-import alembic.op
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 
 from novaque.errors import SchemaOutOfDate
 from novaque.schema import VERSION_TABLE
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from alembic.runtime.migration import MigrationContext
 
 MIGRATE_HINT = "run `novaque migrate` (or client.migrate())"
 
@@ -37,6 +43,8 @@ def script_location() -> str:
 
 
 def config(connection: sa.Connection | None = None) -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", script_location())
     if connection is not None:
@@ -44,17 +52,39 @@ def config(connection: sa.Connection | None = None) -> Config:
     return cfg
 
 
+_ASSIGNED = re.compile(r"^(revision|down_revision)\s*(?::[^=]*)?=\s*(.+?)\s*$", re.MULTILINE)
+
+
+@functools.lru_cache(maxsize=1)
+def history() -> dict[str, tuple[str, ...]]:
+    """Each revision of novaque's scripts and the revisions it revises.
+
+    Read from the scripts' ``revision`` and ``down_revision`` lines (as
+    Alembic writes them), without importing Alembic.
+    """
+    found: dict[str, tuple[str, ...]] = {}
+    for path in sorted((Path(script_location()) / "versions").glob("*.py")):
+        assigned = {
+            name: ast.literal_eval(value)
+            for name, value in _ASSIGNED.findall(path.read_text(encoding="utf-8"))
+        }
+        down = assigned.get("down_revision")
+        found[str(assigned["revision"])] = (
+            () if down is None else (down,) if isinstance(down, str) else tuple(down)
+        )
+    return found
+
+
 @functools.lru_cache(maxsize=1)
 def head() -> str:
     """The newest revision this version of novaque knows."""
-    revision = ScriptDirectory.from_config(config()).get_current_head()
-    assert revision is not None
-    return revision
+    revised = {down for downs in history().values() for down in downs}
+    (newest,) = set(history()) - revised
+    return newest
 
 
-@functools.lru_cache(maxsize=1)
 def known_revisions() -> frozenset[str]:
-    return frozenset(s.revision for s in ScriptDirectory.from_config(config()).walk_revisions())
+    return frozenset(history())
 
 
 @contextlib.contextmanager
@@ -67,6 +97,9 @@ def _nested_alembic_safe() -> Iterator[None]:
     command would delete the application's globals before its own command
     ends; keep a copy and put it back.
     """
+    import alembic.context
+    import alembic.op
+
     modules = [alembic.context, alembic.op]
     saved = [dict(vars(module)) for module in modules]
     try:
@@ -88,6 +121,8 @@ def upgrade(connection: sa.Connection, to: str = "head") -> None:
             f"the application's {APP_VERSION_TABLE} holds novaque's revision {branch!r}, "
             f"this version of novaque needs {head()!r}: {BRANCH_HINT}"
         )
+    from alembic import command
+
     with _nested_alembic_safe():
         command.upgrade(config(connection), to)
 
@@ -123,6 +158,8 @@ class AlembicEnvironment(Protocol):
 
 def running_context() -> MigrationContext | None:
     """The migration context of the Alembic command running now, if any."""
+    import alembic.context
+
     try:
         migration_context: MigrationContext = alembic.context.get_context()
     except NameError:  # Alembic's proxy is not set up: no command is running
@@ -173,11 +210,15 @@ def upgrade_offline(migration_context: MigrationContext, to: str = "head") -> No
         "output_buffer": migration_context.output_buffer,
     }
     cfg.attributes["offline"] = offline
+    from alembic import command
+
     with _nested_alembic_safe():
         command.upgrade(cfg, to, sql=True)
 
 
 def downgrade(connection: sa.Connection, to: str = "base") -> None:
+    from alembic import command
+
     with _nested_alembic_safe():
         command.downgrade(config(connection), to)
 

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 
 import novaque
 from novaque import _migrate, dialects, schema
@@ -22,6 +23,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def novaque_tables(engine: sa.Engine) -> set[str]:
     return {t for t in sa.inspect(engine).get_table_names() if t.startswith("novaque_")}
+
+
+def test_the_history_read_without_alembic_is_alembics() -> None:
+    scripts = ScriptDirectory.from_config(_migrate.config())
+    assert _migrate.head() == scripts.get_current_head()
+    assert _migrate.known_revisions() == {s.revision for s in scripts.walk_revisions()}
+    assert _migrate.history() == {
+        s.revision: tuple(s._all_down_revisions) for s in scripts.walk_revisions()
+    }
 
 
 def test_migrated_schema_equals_the_metadata(backend: Backend, tmp_path: Path) -> None:

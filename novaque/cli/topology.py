@@ -7,7 +7,6 @@ import argparse
 import json
 from typing import Any
 
-from novaque.admin._data import settings
 from novaque.cli._common import Context, confirm, count
 
 
@@ -76,6 +75,8 @@ def run_channels(args: argparse.Namespace, context: Context) -> int:
         client.delete_channel(args.topic, args.delete)
         print(f"deleted channel {args.topic}/{args.delete}")
     elif args.show:
+        from novaque.admin._data import settings  # the admin's, imported only here
+
         print(json.dumps(settings(client, args.topic, args.show), indent=2))
     elif args.pause:
         client.pause_channel(args.topic, args.pause)

@@ -17,7 +17,10 @@ Nothing outside this package branches on the database.
 
 from __future__ import annotations
 
-from novaque.dialects.base import NOTIFY_CHANNEL, ClaimedRow, Dialect, NotifyListener
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from novaque.dialects.base import NOTIFY_CHANNEL, ClaimedRow, Dialect, NotifyListener, on_index
 from novaque.dialects.engines import (
     class_for,
     create_engine,
@@ -27,9 +30,11 @@ from novaque.dialects.engines import (
     pool_size_for,
 )
 from novaque.dialects.listen import ListenNotDelivered
-from novaque.dialects.mysql import MySQLDialect, on_index
-from novaque.dialects.postgres import PostgresDialect
-from novaque.dialects.sqlite import SQLiteDialect
+
+if TYPE_CHECKING:
+    from novaque.dialects.mysql import MySQLDialect
+    from novaque.dialects.postgres import PostgresDialect
+    from novaque.dialects.sqlite import SQLiteDialect
 
 __all__ = [
     "NOTIFY_CHANNEL",
@@ -48,3 +53,18 @@ __all__ = [
     "own_engine",
     "pool_size_for",
 ]
+
+#: Each database's module is imported when first used: a process loads the
+#: SQL of its own database only.
+_LAZY = {
+    "MySQLDialect": "novaque.dialects.mysql",
+    "PostgresDialect": "novaque.dialects.postgres",
+    "SQLiteDialect": "novaque.dialects.sqlite",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import time
 import weakref
 from typing import Any
@@ -10,9 +11,6 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from novaque.dialects.base import Dialect
-from novaque.dialects.mysql import MySQLDialect
-from novaque.dialects.postgres import PostgresDialect
-from novaque.dialects.sqlite import BEGINS_IMMEDIATE, SQLiteDialect
 from novaque.errors import InvalidOption, UnsupportedDatabase
 
 #: Engines built by :func:`novaque.connect` are already set up for novaque.
@@ -88,6 +86,8 @@ def _new_engine(url: sa.URL, *, asynchronous: bool, **kwargs: Any) -> sa.Engine:
 def configure_sqlite(engine: sa.Engine, busy_timeout_ms: int | None = None) -> None:
     """Pragmas on every connection, and BEGIN IMMEDIATE for every transaction
     (``busy_timeout_ms``: see :func:`sqlite_own_engine`)."""
+    from novaque.dialects.sqlite import BEGINS_IMMEDIATE, SQLiteDialect
+
     busy = SQLiteDialect.busy_timeout_ms if busy_timeout_ms is None else busy_timeout_ms
 
     @event.listens_for(engine, "connect")
@@ -118,17 +118,28 @@ def configure_sqlite(engine: sa.Engine, busy_timeout_ms: int | None = None) -> N
     BEGINS_IMMEDIATE.add(engine)
 
 
-_DIALECTS: dict[str, type[Dialect]] = {
-    "postgresql": PostgresDialect,
-    "mysql": MySQLDialect,
-    "mariadb": MySQLDialect,
-    "sqlite": SQLiteDialect,
+#: The module and class of each database's dialect layer, imported when a
+#: process first works with that database (and never for the others).
+_DIALECTS: dict[str, tuple[str, str]] = {
+    "postgresql": ("novaque.dialects.postgres", "PostgresDialect"),
+    "mysql": ("novaque.dialects.mysql", "MySQLDialect"),
+    "mariadb": ("novaque.dialects.mysql", "MySQLDialect"),
+    "sqlite": ("novaque.dialects.sqlite", "SQLiteDialect"),
 }
+
+
+def _dialect_class(name: str) -> type[Dialect] | None:
+    """The dialect class for SQLAlchemy's dialect ``name``, or None if unsupported."""
+    found = _DIALECTS.get(name)
+    if found is None:
+        return None
+    cls: type[Dialect] = getattr(importlib.import_module(found[0]), found[1])
+    return cls
 
 
 def for_engine(engine: sa.Engine) -> Dialect:
     """The dialect layer for ``engine``'s database."""
-    cls = _DIALECTS.get(engine.dialect.name)
+    cls = _dialect_class(engine.dialect.name)
     if cls is None:
         raise UnsupportedDatabase(
             f"novaque does not support the {engine.dialect.name!r} database; "
@@ -167,7 +178,7 @@ def session_ready(engine: sa.Engine) -> bool:
 
 def class_for(conn: sa.Connection) -> type[Dialect]:
     """The dialect class of a connection (for work done on the caller's connection)."""
-    cls = _DIALECTS.get(conn.dialect.name)
+    cls = _dialect_class(conn.dialect.name)
     if cls is None:
         raise UnsupportedDatabase(f"novaque does not support the {conn.dialect.name!r} database")
     return cls

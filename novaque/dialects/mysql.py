@@ -254,19 +254,6 @@ def _plan_channels(plan: str) -> list[tuple[int, int | None]] | None:
     return found
 
 
-def on_index(select: SelectT, table: sa.Table, index: str) -> SelectT:
-    """``select`` reading ``table`` through ``index`` on MySQL and MariaDB (a
-    ``FORCE INDEX`` hint); unchanged on the other databases.
-
-    For lookups whose right index depends on the data, not the statement: with
-    statistics taken on an empty table (a fresh deploy, a drained one) MariaDB
-    reads a group's next delivery through the claim index, the channel's whole
-    backlog sorted, for every group of every ack.
-    """
-    hint = f"FORCE INDEX ({index})"
-    return select.with_hint(table, hint, "mysql").with_hint(table, hint, "mariadb")
-
-
 class MySQLDialect(Dialect):
     name = "MySQL"
     floor = (8, 0, 1)
