@@ -19,7 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import context
 
-from novaque.schema import VERSION_TABLE, exists_on, metadata
+from novaque.schema import REVISION_TABLE, VERSION_TABLE, exists_on, metadata
 
 config = context.config
 
@@ -28,7 +28,8 @@ def include_object(
     obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
 ) -> bool:
     if type_ == "table":
-        return (name or "").startswith("novaque_") and name != VERSION_TABLE
+        # The version table and the revision row are the migrations' own records.
+        return (name or "").startswith("novaque_") and name not in (VERSION_TABLE, REVISION_TABLE)
     return reflected or exists_on(obj, context.get_context().dialect.name)
 
 

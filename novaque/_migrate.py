@@ -13,13 +13,14 @@ import contextlib
 import functools
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
 
 from novaque.errors import SchemaOutOfDate
-from novaque.schema import VERSION_TABLE
+from novaque.schema import REVISION_TABLE, VERSION_TABLE, metadata
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -27,10 +28,14 @@ if TYPE_CHECKING:
 
 MIGRATE_HINT = "run `novaque migrate` (or client.migrate())"
 
-#: Alembic's default version table: where an application that runs novaque's
-#: migrations as the ``novaque`` branch of its own history keeps their revision.
+#: Alembic's default version table, where an application that runs novaque's
+#: migrations as the ``novaque`` branch of its own history usually keeps them.
 APP_VERSION_TABLE = "alembic_version"
 BRANCH_HINT = "run `alembic upgrade heads` (novaque's migrations are a branch of your history)"
+#: The first revision that writes :data:`~novaque.schema.REVISION_TABLE`.
+REVISION_TABLE_SINCE = "0009"
+#: The targets of ``migrate()`` that mean "the newest revision".
+HEADS = frozenset({"head", "heads"})
 
 
 def script_location() -> str:
@@ -87,6 +92,10 @@ def known_revisions() -> frozenset[str]:
     return frozenset(history())
 
 
+def is_head(to: str) -> bool:
+    return to in HEADS or to == head()
+
+
 @contextlib.contextmanager
 def _nested_alembic_safe() -> Iterator[None]:
     """Let an Alembic command run inside another one's ``env.py``.
@@ -109,22 +118,186 @@ def _nested_alembic_safe() -> Iterator[None]:
             vars(module).update(before)
 
 
-def upgrade(connection: sa.Connection, to: str = "head") -> None:
-    branch = branch_revision(connection)
-    if branch is not None:
-        # Applied as a branch of the application's own history (the
-        # ``version_locations`` recipe): novaque's version table is empty, and
-        # running the scripts again would create the tables twice.
-        if branch == head() and to in ("head", "heads", head()):
-            return
-        raise SchemaOutOfDate(
-            f"the application's {APP_VERSION_TABLE} holds novaque's revision {branch!r}, "
-            f"this version of novaque needs {head()!r}: {BRANCH_HINT}"
+# -- where a database's revision is recorded --------------------------------------
+
+
+@dataclass
+class Survey:
+    """What a database holds of novaque's schema and of its revision."""
+
+    #: The revision in :data:`~novaque.schema.REVISION_TABLE` (from 0009 on).
+    marker: str | None = None
+    #: The revision in novaque's own version table (``novaque migrate``).
+    own: str | None = None
+    #: novaque's tables in the database.
+    tables: list[str] = field(default_factory=list)
+    #: The other Alembic version tables and what they hold.
+    versions: dict[str, list[str]] = field(default_factory=dict)
+
+    def elsewhere(self) -> dict[str, str]:
+        """novaque's revisions in other Alembic version tables (an application
+        that runs novaque's migrations as a branch of its history), by table.
+
+        Only while novaque's tables exist, so that an application revision that
+        shares a name with one of novaque's is not taken for it.
+        """
+        if not self.tables:
+            return {}
+        known = known_revisions()
+        found: dict[str, str] = {}
+        for table, revisions in self.versions.items():
+            ours = [revision for revision in revisions if revision in known]
+            if len(ours) == 1:
+                found[table] = ours[0]
+        return found
+
+    @property
+    def revision(self) -> str | None:
+        """novaque's revision, wherever it was found (None when nowhere, or
+        when several version tables disagree)."""
+        if self.marker is not None:
+            return self.marker
+        if self.own is not None:
+            return self.own
+        revisions = set(self.elsewhere().values())
+        return revisions.pop() if len(revisions) == 1 else None
+
+    @property
+    def recorded_in(self) -> str:
+        if self.marker is not None:
+            return REVISION_TABLE
+        if self.own is not None:
+            return VERSION_TABLE
+        return ", ".join(sorted(self.elsewhere()))
+
+    @property
+    def in_own_history(self) -> bool:
+        """Whether ``novaque migrate`` (novaque's own version table) keeps the
+        revision, rather than an application's Alembic history."""
+        return self.own is not None or self.revision is None
+
+    def problem(self) -> str | None:
+        """Why a client cannot use this schema, and what to do; None when current."""
+        revision = self.revision
+        if revision == head():
+            return None
+        hint = MIGRATE_HINT if self.in_own_history else BRANCH_HINT
+        if revision is None and not self.tables:
+            # No chained driver error: "no such table" adds nothing to this.
+            return f"novaque's tables are missing from this database: {MIGRATE_HINT}"
+        if revision is None:
+            return (
+                f"novaque's tables are in this database ({len(self.tables)} of them), but no "
+                f"table records their revision: {REVISION_TABLE} and {VERSION_TABLE} are "
+                f"missing or empty, and {self._versions_text()}. If an Alembic environment "
+                "of yours ran novaque's migrations, run `alembic upgrade heads` there: from "
+                f"revision {REVISION_TABLE_SINCE} on they record their revision in "
+                f"{REVISION_TABLE}, whatever the environment's version table"
+            )
+        at = (
+            f"the database's novaque schema is at revision {revision!r} "
+            f"(recorded in {self.recorded_in})"
         )
+        if revision not in known_revisions():
+            return (
+                f"{at}, which this version of novaque does not know (newer library "
+                f"elsewhere?); it needs {head()!r}"
+            )
+        return f"{at}, this version of novaque needs {head()!r}: {hint}"
+
+    def _versions_text(self) -> str:
+        if not self.versions:
+            return "the database has no other Alembic version table"
+        held = "; ".join(
+            f"{table}: {', '.join(repr(r) for r in revisions[:5]) or 'empty'}"
+            + (", ..." if len(revisions) > 5 else "")
+            for table, revisions in sorted(self.versions.items())
+        )
+        return f"no Alembic version table holds exactly one of novaque's revisions ({held})"
+
+
+def _values(connection: sa.Connection, table: str, column: str) -> list[str]:
+    query: sa.Select[Any] = sa.select(sa.column(column)).select_from(sa.table(table))
+    return sorted(str(value) for value in connection.execute(query).scalars())
+
+
+def survey(connection: sa.Connection) -> Survey:
+    """Look everywhere novaque's revision may be recorded.
+
+    Runs no statement that can fail (it may run inside a migration's
+    transaction); the other version tables are looked for (any table of the
+    default schema with only Alembic's ``version_num`` column) only when
+    neither of novaque's own records holds a revision.
+    """
+    inspector = sa.inspect(connection)
+    names = set(inspector.get_table_names())
+    found = Survey(tables=sorted(names & {table.name for table in metadata.sorted_tables}))
+    if REVISION_TABLE in names:
+        found.marker = next(iter(_values(connection, REVISION_TABLE, "revision")), None)
+    if VERSION_TABLE in names:
+        found.own = next(iter(_values(connection, VERSION_TABLE, "version_num")), None)
+    if found.marker is None and found.own is None and found.tables:
+        others = sorted(names - {VERSION_TABLE, REVISION_TABLE, *found.tables})
+        columns = inspector.get_multi_columns(filter_names=others) if others else {}
+        for (_, table), described in columns.items():
+            if [column["name"] for column in described] == ["version_num"]:
+                found.versions[table] = _values(connection, table, "version_num")
+    return found
+
+
+def current(connection: sa.Connection) -> str | None:
+    """The database's novaque revision, or None when never migrated."""
+    return survey(connection).revision
+
+
+def _marker(connection: sa.Connection) -> str | None:
+    """The revision in :data:`~novaque.schema.REVISION_TABLE` in one query, or
+    None when the table is missing or empty (the connection's transaction, if
+    the query failed, rolled back: PostgreSQL refuses more statements after it)."""
+    try:
+        return next(iter(_values(connection, REVISION_TABLE, "revision")), None)
+    except sa.exc.DBAPIError as exc:
+        if exc.connection_invalidated:
+            raise
+        if connection.in_transaction():
+            connection.rollback()
+        return None
+
+
+def require_current(connection: sa.Connection) -> None:
+    """Raise :class:`SchemaOutOfDate` unless the database is at :func:`head`.
+
+    One query on a database migrated from revision 0009 on; an older one is
+    surveyed (:func:`survey`).
+    """
+    if _marker(connection) != head():
+        problem = survey(connection).problem()
+        if problem is not None:
+            raise SchemaOutOfDate(problem)
+
+
+def upgrade(connection: sa.Connection, to: str = "head") -> str | None:
+    """Apply novaque's migrations up to ``to``; the revision the database was at.
+
+    A database whose revision an application's Alembic history keeps (the
+    ``version_locations`` recipe) is left to that history: running the
+    scripts here would record them in a second version table and create the
+    tables twice.
+    """
+    found = survey(connection)
+    if not found.in_own_history:
+        if found.revision == head() and is_head(to):
+            return found.revision
+        raise SchemaOutOfDate(found.problem() or f"{found.revision!r} is not {to!r}: {BRANCH_HINT}")
+    unknown = found.revision is not None and found.revision not in known_revisions()
+    if unknown or (found.revision is None and found.tables):
+        # A newer novaque's revision, or tables without one: no script of ours applies.
+        raise SchemaOutOfDate(str(found.problem()))
     from alembic import command
 
     with _nested_alembic_safe():
         command.upgrade(config(connection), to)
+    return found.revision
 
 
 def upgrade_checked(connection: sa.Connection, to: str = "head") -> None:
@@ -221,68 +394,3 @@ def downgrade(connection: sa.Connection, to: str = "base") -> None:
 
     with _nested_alembic_safe():
         command.downgrade(config(connection), to)
-
-
-def _own_revision(connection: sa.Connection) -> str | None:
-    if not sa.inspect(connection).has_table(VERSION_TABLE):
-        return None
-    return connection.execute(
-        sa.text(f"SELECT version_num FROM {VERSION_TABLE}")
-    ).scalar_one_or_none()
-
-
-def branch_revision(connection: sa.Connection) -> str | None:
-    """novaque's revision in the application's ``alembic_version``, when the
-    application applies novaque's migrations as its ``novaque`` branch.
-
-    Only when novaque's own version table is missing or empty and novaque's
-    tables exist, so an application revision that happens to share a name
-    with one of novaque's is not taken for it.
-    """
-    inspector = sa.inspect(connection)
-    if _own_revision(connection) is not None or not inspector.has_table(APP_VERSION_TABLE):
-        return None
-    rows = connection.execute(sa.text(f"SELECT version_num FROM {APP_VERSION_TABLE}")).scalars()
-    ours: list[str] = [revision for revision in rows if revision in known_revisions()]
-    if not ours or not inspector.has_table("novaque_topics"):
-        return None
-    return ours[0]
-
-
-def current(connection: sa.Connection) -> str | None:
-    """The database's novaque revision, or None when never migrated."""
-    return _own_revision(connection) or branch_revision(connection)
-
-
-def require_current(connection: sa.Connection) -> None:
-    """Raise :class:`SchemaOutOfDate` unless the database is at :func:`head`.
-
-    One query when novaque's own version table is current; the application's
-    ``alembic_version`` is looked at only when that table is missing or empty.
-    """
-    hint = MIGRATE_HINT
-    try:
-        revision = connection.execute(
-            sa.text(f"SELECT version_num FROM {VERSION_TABLE}")
-        ).scalar_one_or_none()
-    except sa.exc.DBAPIError:
-        revision = None
-    if revision is None:
-        if connection.in_transaction():
-            connection.rollback()  # PostgreSQL refuses more statements after the error
-        revision = branch_revision(connection)
-        hint = BRANCH_HINT
-    if revision == head():
-        return
-    if revision is None:
-        # No chained driver error: "no such table" adds nothing to this.
-        raise SchemaOutOfDate(f"novaque's tables are missing from this database: {MIGRATE_HINT}")
-    if revision not in known_revisions():
-        raise SchemaOutOfDate(
-            f"the database's novaque schema is at revision {revision!r}, which this "
-            f"version of novaque does not know (newer library elsewhere?); it needs {head()!r}"
-        )
-    raise SchemaOutOfDate(
-        f"the database's novaque schema is at revision {revision!r}, this version of "
-        f"novaque needs {head()!r}: {hint}"
-    )

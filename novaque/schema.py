@@ -356,6 +356,11 @@ COUNTER_COLUMNS = ("published", "claimed", "acked", "requeued", "dead", "purged"
 #: Alembic's version table for novaque's own history.
 VERSION_TABLE = "novaque_alembic_version"
 
+#: The revision of novaque's schema, one row written by the migrations
+#: themselves (from revision 0009 on): found whichever Alembic environment
+#: ran them, and whatever its version table is named.
+REVISION_TABLE = "novaque_schema"
+
 
 def include_object(
     obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any

@@ -67,8 +67,9 @@ class App:
         branch: bool,
         pythonpath: str = str(ROOT),
         connection: bool = False,
+        version_table: str = "alembic_version",
     ):
-        self.root, self.url = root, url
+        self.root, self.url, self.version_table = root, url, version_table
         (root / "migrations" / "versions").mkdir(parents=True)
         (root / "myapp").mkdir()
         (root / "myapp" / "__init__.py").write_text("")
@@ -78,6 +79,10 @@ class App:
             env = "\n".join(line for line in env.splitlines() if "schema.upgrade" not in line)
         if connection:  # the older recipe: novaque.schema.upgrade(connection)
             env = connection_recipe(env)
+        if version_table != "alembic_version":  # the application names its version table
+            options = '"include_object": novaque.schema.include_object}'
+            assert options in env
+            env = env.replace(options, f'{options[:-1]}, "version_table": {version_table!r}}}')
         (root / "migrations" / "env.py").write_text(env)
         (root / "migrations" / "script.py.mako").write_text(
             (ROOT / "migrations" / "script.py.mako").read_text()
@@ -119,7 +124,7 @@ class App:
         try:
             with engine.connect() as conn:
                 return set(
-                    conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars()
+                    conn.execute(sa.text(f"SELECT version_num FROM {self.version_table}")).scalars()
                 )
         finally:
             engine.dispose()
@@ -179,6 +184,7 @@ def assert_offline_sql(out: str, *, heads: bool) -> None:
     for table in (*NOVAQUE_TABLES, "things"):
         assert re.search(rf"CREATE TABLE [`\"]?{table}\b", out), (table, out)
     assert "INSERT INTO alembic_version" in out
+    assert f"INSERT INTO {schema.REVISION_TABLE}" in out  # novaque's own record of its revision
     if not heads:  # the env.py recipe: novaque's history in its own table
         assert "INSERT INTO novaque_alembic_version" in out
 
@@ -250,16 +256,20 @@ def test_connection_recipe_is_offline_safe_and_upgrades_both(
     check_client(backend, app.url)
 
 
-def test_branch_recipe_upgrade_heads_applies_both(backend: Backend, tmp_path: Path) -> None:
-    app = App(tmp_path / "app", backend.scratch_url(tmp_path), branch=True)
+def from_the_source_tree(app: App) -> App:
+    """From the source tree novaque's scripts are not inside the package: point
+    at them by path (test_branch_recipe_from_an_installed_layout covers the
+    resource name of the guide)."""
     assert f"{schema.version_location()}" == str(ROOT / "migrations" / "versions")
-    # From the source tree novaque's scripts are not inside the package: point
-    # at them by path (test_branch_recipe_from_an_installed_layout covers the
-    # resource name of the guide).
     ini = (app.root / "alembic.ini").read_text()
     (app.root / "alembic.ini").write_text(
         ini.replace("novaque:migrations/versions", schema.version_location())
     )
+    return app
+
+
+def test_branch_recipe_upgrade_heads_applies_both(backend: Backend, tmp_path: Path) -> None:
+    app = from_the_source_tree(App(tmp_path / "app", backend.scratch_url(tmp_path), branch=True))
     out = app.alembic("upgrade", "heads", "--sql").stdout
     assert_offline_sql(out, heads=True)
     assert app.tables() == set()
@@ -279,6 +289,80 @@ def test_branch_recipe_upgrade_heads_applies_both(backend: Backend, tmp_path: Pa
         assert novaque._migrate.current(conn) == novaque._migrate.head()
 
 
+def test_branch_recipe_with_the_applications_own_version_table(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """An environment that names its version table: novaque's revision is
+    found all the same, and migrate() applies nothing a second time."""
+    url = backend.scratch_url(tmp_path)
+    app = App(tmp_path / "app", url, branch=True, version_table="app_alembic_version")
+    from_the_source_tree(app).alembic("upgrade", "heads")
+    tables = app.tables()
+    assert tables >= {"things", "app_alembic_version", *NOVAQUE_TABLES}
+    assert not {"alembic_version", schema.VERSION_TABLE} & tables
+    assert app.versions() == {"a1", novaque._migrate.head()}
+    check_client(backend, url)
+    assert app.versions() == {"a1", novaque._migrate.head()}  # migrate() wrote nothing
+    with sa.create_engine(url, poolclass=sa.NullPool).connect() as conn:
+        assert novaque._migrate.current(conn) == novaque._migrate.head()
+
+
+def test_own_version_table_from_before_the_revision_table_asks_for_alembic(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """Migrated into the application's own version table before novaque's
+    migrations recorded their revision themselves: the error names the
+    revision found, where, and the command; that command then cures it."""
+    url = backend.scratch_url(tmp_path)
+    app = App(tmp_path / "app", url, branch=True, version_table="app_alembic_version")
+    before = novaque._migrate.history()[schema_revision_since()][0]
+    from_the_source_tree(app).alembic("upgrade", "myapp@head")
+    app.alembic("upgrade", before)
+    assert app.versions() == {"a1", before}
+    assert schema.REVISION_TABLE not in app.tables()
+    for call in (lambda c: c.list_topics(), lambda c: c.migrate()):
+        with pytest.raises(
+            novaque.SchemaOutOfDate,
+            match=rf"at revision '{before}' \(recorded in app_alembic_version\), this version "
+            rf"of novaque needs '{novaque._migrate.head()}': run `alembic upgrade heads`",
+        ):
+            call(novaque.Client(backend.engine(url)))
+    assert app.versions() == {"a1", before}  # migrate() ran nothing
+    app.alembic("upgrade", "heads")
+    check_client(backend, url)
+
+
+def test_novaque_tables_without_any_revision_say_what_was_found(
+    backend: Backend, tmp_path: Path
+) -> None:
+    url = backend.scratch_url(tmp_path)
+    app = App(tmp_path / "app", url, branch=True, version_table="app_alembic_version")
+    from_the_source_tree(app).alembic("upgrade", "heads")
+    engine = backend.engine(url)
+    with engine.begin() as conn:  # novaque's revision lost (a hand-made copy of the tables)
+        conn.execute(sa.text(f"DROP TABLE {schema.REVISION_TABLE}"))
+        conn.execute(sa.text("DELETE FROM app_alembic_version WHERE version_num <> 'a1'"))
+    expected = (
+        rf"novaque's tables are in this database \({len(NOVAQUE_TABLES)} of them\), but no "
+        rf"table records their revision: {schema.REVISION_TABLE} and "
+        rf"{schema.VERSION_TABLE} are missing or empty, and no Alembic version table holds "
+        r"exactly one of novaque's revisions \(app_alembic_version: 'a1'\)\. If an Alembic "
+        r"environment of yours ran novaque's migrations, run `alembic upgrade heads` there"
+    )
+    for call in (lambda c: c.list_topics(), lambda c: c.migrate()):
+        with pytest.raises(novaque.SchemaOutOfDate, match=expected):
+            call(novaque.Client(engine))
+    with engine.begin() as conn:
+        conn.execute(sa.text("DROP TABLE app_alembic_version"))
+    with pytest.raises(novaque.SchemaOutOfDate, match="has no other Alembic version table"):
+        novaque.Client(engine).list_topics()
+
+
+def schema_revision_since() -> str:
+    """The first revision that writes novaque's revision table."""
+    return novaque._migrate.REVISION_TABLE_SINCE
+
+
 def test_branch_recipe_with_an_older_novaque_revision_asks_for_alembic(
     backend: Backend, tmp_path: Path
 ) -> None:
@@ -287,9 +371,14 @@ def test_branch_recipe_with_an_older_novaque_revision_asks_for_alembic(
     novaque.Client(engine).migrate()
     with engine.begin() as conn:  # as if novaque's revision lived in the app's table
         conn.execute(sa.text(f"DELETE FROM {schema.VERSION_TABLE}"))
+        conn.execute(sa.text(f"DROP TABLE {schema.REVISION_TABLE}"))  # as before 0009
         conn.execute(sa.text("CREATE TABLE alembic_version (version_num VARCHAR(32))"))
         conn.execute(sa.text("INSERT INTO alembic_version VALUES ('a1'), ('0000')"))
-    with pytest.raises(novaque.SchemaOutOfDate, match="missing"):
+    with pytest.raises(
+        novaque.SchemaOutOfDate,
+        match=r"novaque's tables are in this database .* no table records their revision.*"
+        r"alembic_version: '0000', 'a1'.*run `alembic upgrade heads` there",
+    ):
         novaque.Client(engine).list_topics()  # '0000' is not one of novaque's
     with engine.begin() as conn:
         conn.execute(

@@ -45,7 +45,8 @@ def test_migrated_schema_equals_the_metadata(backend: Backend, tmp_path: Path) -
         ) -> bool:
             if type_ != "table":
                 return reflected or schema.exists_on(obj, conn.dialect.name)
-            return (name or "").startswith("novaque_") and name != schema.VERSION_TABLE
+            own = (schema.VERSION_TABLE, schema.REVISION_TABLE)
+            return (name or "").startswith("novaque_") and name not in own
 
         context = MigrationContext.configure(
             conn, opts={"compare_type": True, "include_object": only_novaque}
@@ -63,7 +64,8 @@ def test_migrate_twice_is_a_no_op_and_downgrade_removes_every_table(
     client.migrate()
     client.migrate()
     assert novaque_tables(engine) == {t.name for t in schema.metadata.sorted_tables} | {
-        schema.VERSION_TABLE
+        schema.VERSION_TABLE,
+        schema.REVISION_TABLE,
     }
     client.publish("t", b"x")
     client.downgrade()
@@ -113,10 +115,16 @@ def test_an_older_schema_is_reported_with_both_revisions(backend: Backend, tmp_p
     url = backend.scratch_url(tmp_path)
     engine = backend.engine(url)
     novaque.Client(engine).migrate()
-    with engine.begin() as conn:
+    with engine.begin() as conn:  # as a newer novaque would leave it
         conn.execute(sa.text(f"UPDATE {schema.VERSION_TABLE} SET version_num = 'zzzz'"))
-    with pytest.raises(novaque.SchemaOutOfDate, match="'zzzz'.*does not know"):
+        conn.execute(sa.text(f"UPDATE {schema.REVISION_TABLE} SET revision = 'zzzz'"))
+    with pytest.raises(
+        novaque.SchemaOutOfDate,
+        match=f"'zzzz' \\(recorded in {schema.REVISION_TABLE}\\).*does not know",
+    ):
         novaque.Client(engine).list_topics()
+    with pytest.raises(novaque.SchemaOutOfDate, match="'zzzz'.*does not know"):
+        novaque.Client(engine).migrate()
 
 
 def test_the_application_tables_are_left_alone(backend: Backend, tmp_path: Path) -> None:
@@ -160,7 +168,11 @@ def test_in_memory_sqlite_and_unknown_databases_are_refused() -> None:
 
 def test_alembic_ini_drives_the_same_migrations(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'dev.db'}"
-    env = {"NOVAQUE_DATABASE_URL": url, "PATH": str(Path(sys.executable).parent)}
+    env = {
+        "NOVAQUE_DATABASE_URL": url,
+        "PATH": str(Path(sys.executable).parent),
+        "PYTHONPATH": str(ROOT),  # this tree's novaque, which env.py imports
+    }
     for args in (["upgrade", "head"], ["check"], ["downgrade", "base"]):
         done = subprocess.run(
             [sys.executable, "-m", "alembic", "-c", str(ROOT / "alembic.ini"), *args],
