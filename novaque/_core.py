@@ -195,17 +195,29 @@ class CoreClient:
         Checks the database version floor first (:class:`UnsupportedDatabase`).
         Running it again is a no-op.
         """
+        if _migrate.is_head(to):
+            # Nothing to do (the usual case, once per worker process): no
+            # lock, no Alembic, nothing logged.
+            with self._executor.connect() as conn:
+                self._dialect.check_floor(conn)
+                if _migrate.is_current(conn):
+                    return
         with self._executor.migration_transaction() as conn:
             self._dialect.check_floor(conn)
             with self._dialect.migration_lock(conn):
-                _migrate.upgrade(conn, to)
+                before = _migrate.upgrade(conn, to)
         self._schema_ok.clear()
-        self.log.info("novaque schema migrated to %s", to)
+        if _migrate.is_head(to):
+            _migrate.remember(self.engine.url)
+        after = _migrate.head() if _migrate.is_head(to) else to
+        if before != after:
+            self.log.info("novaque schema migrated from %s to %s", before or "base", after)
 
     def downgrade(self, to: str = "base") -> None:
         """Revert novaque's migrations down to ``to``; ``base`` drops every table."""
         with self._executor.migration_transaction() as conn, self._dialect.migration_lock(conn):
             _migrate.downgrade(conn, to)
+        _migrate.forget(self.engine.url)
         self._schema_ok.clear()
         self._topic_ids.clear()
         self._plans.clear()

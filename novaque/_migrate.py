@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import functools
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -94,6 +95,39 @@ def known_revisions() -> frozenset[str]:
 
 def is_head(to: str) -> bool:
     return to in HEADS or to == head()
+
+
+# -- which databases were found current (once per database per process) ----------
+
+#: Databases (:func:`database_key`) whose schema this process found at
+#: :func:`head`. A forked child (a Celery or gunicorn worker) keeps what its
+#: parent found, which is the point; a migration run in this process updates
+#: it (:func:`remember`, :func:`forget`).
+_found_current: set[str] = set()
+
+
+def database_key(url: sa.URL) -> str:
+    """The database a URL points at: the same for every driver and password
+    of it, and for a relative SQLite path and its absolute form."""
+    database = url.database
+    backend = url.get_backend_name()
+    if backend == "sqlite" and database and not database.startswith((":memory:", "file:")):
+        database = os.path.abspath(database)
+    shown = url.set(drivername=backend, password=None, database=database)
+    return shown.render_as_string(hide_password=True)
+
+
+def remember(url: sa.URL) -> None:
+    """The database at ``url`` was just migrated to :func:`head` (and committed)."""
+    _found_current.add(database_key(url))
+
+
+def forget(url: sa.URL | None = None) -> None:
+    """Check the database at ``url`` (every database, without one) again."""
+    if url is None:
+        _found_current.clear()
+    else:
+        _found_current.discard(database_key(url))
 
 
 @contextlib.contextmanager
@@ -267,13 +301,26 @@ def _marker(connection: sa.Connection) -> str | None:
 def require_current(connection: sa.Connection) -> None:
     """Raise :class:`SchemaOutOfDate` unless the database is at :func:`head`.
 
-    One query on a database migrated from revision 0009 on; an older one is
-    surveyed (:func:`survey`).
+    Once per database in a process: no query when this process found it
+    current before, else one query on a database migrated from revision 0009
+    on; an older one is surveyed (:func:`survey`).
     """
+    key = database_key(connection.engine.url)
+    if key in _found_current:
+        return
     if _marker(connection) != head():
         problem = survey(connection).problem()
         if problem is not None:
             raise SchemaOutOfDate(problem)
+    _found_current.add(key)
+
+
+def is_current(connection: sa.Connection) -> bool:
+    try:
+        require_current(connection)
+    except SchemaOutOfDate:
+        return False
+    return True
 
 
 def upgrade(connection: sa.Connection, to: str = "head") -> str | None:
@@ -284,6 +331,7 @@ def upgrade(connection: sa.Connection, to: str = "head") -> str | None:
     scripts here would record them in a second version table and create the
     tables twice.
     """
+    forget(connection.engine.url)
     found = survey(connection)
     if not found.in_own_history:
         if found.revision == head() and is_head(to):
@@ -392,5 +440,6 @@ def upgrade_offline(migration_context: MigrationContext, to: str = "head") -> No
 def downgrade(connection: sa.Connection, to: str = "base") -> None:
     from alembic import command
 
+    forget(connection.engine.url)
     with _nested_alembic_safe():
         command.downgrade(config(connection), to)

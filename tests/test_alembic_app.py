@@ -342,6 +342,7 @@ def test_novaque_tables_without_any_revision_say_what_was_found(
     with engine.begin() as conn:  # novaque's revision lost (a hand-made copy of the tables)
         conn.execute(sa.text(f"DROP TABLE {schema.REVISION_TABLE}"))
         conn.execute(sa.text("DELETE FROM app_alembic_version WHERE version_num <> 'a1'"))
+    novaque._migrate.forget(engine.url)
     expected = (
         rf"novaque's tables are in this database \({len(NOVAQUE_TABLES)} of them\), but no "
         rf"table records their revision: {schema.REVISION_TABLE} and "
@@ -374,6 +375,7 @@ def test_branch_recipe_with_an_older_novaque_revision_asks_for_alembic(
         conn.execute(sa.text(f"DROP TABLE {schema.REVISION_TABLE}"))  # as before 0009
         conn.execute(sa.text("CREATE TABLE alembic_version (version_num VARCHAR(32))"))
         conn.execute(sa.text("INSERT INTO alembic_version VALUES ('a1'), ('0000')"))
+    novaque._migrate.forget(engine.url)  # as in another process, which never saw it current
     with pytest.raises(
         novaque.SchemaOutOfDate,
         match=r"novaque's tables are in this database .* no table records their revision.*"
