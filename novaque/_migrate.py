@@ -316,6 +316,7 @@ def require_current(connection: sa.Connection) -> None:
 
 
 def is_current(connection: sa.Connection) -> bool:
+    """Whether the database is at :func:`head` (:func:`require_current`'s check)."""
     try:
         require_current(connection)
     except SchemaOutOfDate:
@@ -336,7 +337,12 @@ def upgrade(connection: sa.Connection, to: str = "head") -> str | None:
     if not found.in_own_history:
         if found.revision == head() and is_head(to):
             return found.revision
-        raise SchemaOutOfDate(found.problem() or f"{found.revision!r} is not {to!r}: {BRANCH_HINT}")
+        raise SchemaOutOfDate(
+            found.problem()
+            or f"novaque's revision {found.revision!r} is kept by your Alembic history (in "
+            f"{found.recorded_in}): move it with `alembic upgrade` or `alembic downgrade` "
+            f"there, not with migrate(to={to!r})"
+        )
     unknown = found.revision is not None and found.revision not in known_revisions()
     if unknown or (found.revision is None and found.tables):
         # A newer novaque's revision, or tables without one: no script of ours applies.

@@ -305,6 +305,13 @@ def test_branch_recipe_with_the_applications_own_version_table(
     assert app.versions() == {"a1", novaque._migrate.head()}  # migrate() wrote nothing
     with sa.create_engine(url, poolclass=sa.NullPool).connect() as conn:
         assert novaque._migrate.current(conn) == novaque._migrate.head()
+    with pytest.raises(
+        novaque.SchemaOutOfDate,
+        match=r"kept by your Alembic history \(in novaque_schema\): move it with `alembic "
+        r"upgrade` or `alembic downgrade` there, not with migrate\(to='0005'\)",
+    ):
+        novaque.Client(backend.engine(url)).migrate(to="0005")
+    assert app.versions() == {"a1", novaque._migrate.head()}
 
 
 def test_own_version_table_from_before_the_revision_table_asks_for_alembic(
