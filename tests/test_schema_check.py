@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 import novaque
-from novaque import _migrate
+from novaque import _migrate, schema
 from tests import _twin
 from tests.conftest import Backend, _twin_loop
 
@@ -115,6 +115,45 @@ def test_a_migration_in_the_process_updates_what_it_knows(
         new_client(backend, url).list_topics()
     new_client(backend, url).migrate()
     assert new_client(backend, url).list_topics() == []
+
+
+def test_a_schema_kept_in_an_applications_own_version_table_is_found(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """The rows an application's ``alembic upgrade heads`` leaves with
+    ``version_table="app_alembic_version"`` (tests/test_alembic_app.py runs the
+    real command): both clients accept them, and an older revision recorded
+    there is named with the command that upgrades it."""
+    url = backend.scratch_url(tmp_path)
+    engine = backend.engine(url)
+    novaque.Client(engine).migrate()
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"DELETE FROM {schema.VERSION_TABLE}"))
+        conn.execute(sa.text("CREATE TABLE app_alembic_version (version_num VARCHAR(32))"))
+        conn.execute(
+            sa.text("INSERT INTO app_alembic_version VALUES ('a1'), (:head)"),
+            {"head": _migrate.head()},
+        )
+    _migrate.forget(engine.url)  # as in the application's processes
+    client = new_client(backend, url)
+    client.migrate()  # nothing to do, and nothing written
+    assert client.list_topics() == []
+    with engine.begin() as conn:  # the same, migrated by a novaque older than 0009
+        conn.execute(sa.text(f"DROP TABLE {schema.REVISION_TABLE}"))
+        conn.execute(
+            sa.text("UPDATE app_alembic_version SET version_num = '0008' WHERE version_num <> 'a1'")
+        )
+    _migrate.forget(engine.url)
+    with pytest.raises(
+        novaque.SchemaOutOfDate,
+        match=r"at revision '0008' \(recorded in app_alembic_version\).*`alembic upgrade heads`",
+    ):
+        new_client(backend, url).list_topics()
+    with engine.connect() as conn:
+        assert {
+            table: conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one()
+            for table in (schema.VERSION_TABLE, "app_alembic_version")
+        } == {schema.VERSION_TABLE: 0, "app_alembic_version": 2}
 
 
 @pytest.mark.sync_only  # a fork of the process that runs the twin's event loop
