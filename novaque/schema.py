@@ -176,13 +176,13 @@ channels = sa.Table(
     sa.Column("created_at", Micros, nullable=False),
     sa.Column("dead_max_age", Micros, nullable=True),  # microseconds
     sa.Column("dead_max_count", sa.Integer, nullable=True),
-    # Settings (DESIGN §8); NULL: the client's default.
+    # Channel settings: ordering, filter, lease, attempts; NULL: the client's default.
     sa.Column("ordering", sa.SmallInteger, nullable=False, server_default="0"),  # ORDERINGS
     sa.Column("filter_expr", sa.Text, nullable=True),  # CEL, NULL: every message
     sa.Column("paused", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("lease", Micros, nullable=True),  # microseconds
     sa.Column("max_attempts", sa.Integer, nullable=True),
-    # Settings (DESIGN §9); NULL: the client's default.
+    # Dead-letter retention; NULL: the client's default.
     sa.Column("dead_max_bytes", sa.BigInteger, nullable=True),
     sa.Column("dead_letter_expired", sa.Boolean, nullable=True),
     sa.UniqueConstraint("topic_id", "name"),

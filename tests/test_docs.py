@@ -113,3 +113,25 @@ def test_testing_example_is_a_passing_pytest_project(tmp_path: Path) -> None:
     tests = files["test_orders.py"].count("\ndef test_")
     assert tests == 4
     assert f"{tests} passed" in done.stdout, done.stdout
+
+
+#: Text that belongs to the project's own records, never to what a user reads:
+#: a design document's sections, notes on proposed names, tracker issues.
+INTERNAL = re.compile(r"DESIGN|§|\(proposed|\*\(proposed|\bissue \d+|\bstop \d+\b")
+#: What users read: the docs, the changelog, and everything shipped (docstrings,
+#: log lines, error texts, CLI output, the admin's pages, migration messages).
+USER_FACING = ("README.md", "CHANGELOG.md", "docs", "novaque", "migrations")
+
+
+def test_no_internal_text_reaches_users() -> None:
+    found = []
+    for top in USER_FACING:
+        root = ROOT / top
+        files = [root] if root.is_file() else sorted(root.rglob("*"))
+        for path in files:
+            if path.suffix not in {".md", ".py", ".js", ".html", ".css", ".txt"}:
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if INTERNAL.search(line):
+                    found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert found == []

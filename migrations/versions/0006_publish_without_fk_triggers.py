@@ -4,7 +4,7 @@ PostgreSQL checks a foreign key with a trigger per inserted row: on a
 500-message publish to one channel, the checks of
 ``novaque_messages.topic_id``, ``novaque_deliveries.channel_id`` and
 ``novaque_deliveries.message_id`` took 16 of 31 ms of the statement (EXPLAIN
-ANALYZE, issue 13). The three constraints are dropped on PostgreSQL;
+ANALYZE). The three constraints are dropped on PostgreSQL;
 novaque's own writes hold what they held:
 
 - every publish, replay, routed fan-out and dead-letter move holds the topic

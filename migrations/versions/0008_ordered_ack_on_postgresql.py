@@ -7,7 +7,7 @@ groups' rows are locked, by a statement with a snapshot of its own: a
 publisher that held a group's lock meanwhile may have added to it. So the
 ack was two statements in a transaction of its own, four round trips with
 BEGIN and COMMIT, and W7's drain (the consumer's ack-and-claim on a
-group_fifo channel) paid five where W2's pays one (issue 13).
+group_fifo channel) paid five where W2's pays one.
 
 ``novaque_ack_ordered(p_ids, p_tokens)`` runs both statements on the server:
 the DELETE of the deliveries still leased with their tokens, which also

@@ -358,7 +358,7 @@ class PostgresDialect(Dialect):
     ) -> set[tuple[int, str]]:
         return _pairs_of(conn.execute(self._delete_pairs, _pair_params(pairs)))
 
-    # An ordered ack (DESIGN §8) in one call of ``novaque_ack_ordered``
+    # An ordered ack in one call of ``novaque_ack_ordered``
     # (migration 0008): the acks' DELETE, which also locks the rows of the
     # groups they left in (channel, group key) order, then, in a statement of
     # the function with a snapshot of its own (it sees what a publisher that
