@@ -355,7 +355,8 @@ class Runtime:
                     return
                 except Exception as exc:
                     signals.bump("listen_errors")
-                    self.log.error(
+                    self.log.log(
+                        errors.level(),
                         "%s failed (reconnecting; consumers poll meanwhile): %s",
                         what,
                         _validate.error_text(exc),
@@ -398,8 +399,10 @@ class Runtime:
         reaper every ``reap_interval``, the TTL purge every
         ``purge_interval``, the stats flush every ``stats_flush_interval``
         and the stats prune every ``stats_prune_interval``. Running it in many processes at once is
-        safe. A failing job is logged at ERROR and tried again after a
-        backoff. Consumers are started on their own (:meth:`Consumer.start`).
+        safe. A failing job is tried again after a backoff; a run of failures
+        (the database unreachable, say) is logged once at ERROR where it
+        starts and once at INFO where it ends. Consumers are started on
+        their own (:meth:`Consumer.start`).
 
         On a database that was not migrated it raises
         :class:`SchemaOutOfDate` at once, instead of leaving the loops to log
@@ -468,19 +471,13 @@ class Runtime:
         try:
             self.core.flush_stats()
         except Exception as exc:
-            if errors.failures:
-                self.log.debug(
-                    "could not flush stats (failure %d in a row): %s",
-                    errors.failures + 1,
-                    _validate.error_text(exc),
-                )
-            else:
-                self.log.error(
-                    "could not flush stats (the counts stay in memory; retrying, and "
-                    "logging again once it works): %s",
-                    _validate.error_text(exc),
-                    exc_info=errors.traceback(exc),
-                )
+            self.log.log(
+                errors.level(),
+                "could not flush stats (the counts stay in memory; retrying, and "
+                "logging again once it works): %s",
+                _validate.error_text(exc),
+                exc_info=errors.traceback(exc),
+            )
             return errors.next()
         if errors.failures:
             self.log.info(
@@ -518,7 +515,8 @@ class Runtime:
                     job.run()
                 except Exception as exc:
                     job.errors = job.errors or RetryDelay()
-                    self.log.error(
+                    self.log.log(
+                        job.errors.level(),
                         "maintenance job %s failed (retrying): %s",
                         job.name,
                         _validate.error_text(exc),
@@ -529,7 +527,7 @@ class Runtime:
                     signals.bump(f"{job.name}_errors")
                 else:
                     if job.errors is not None:
-                        job.errors.reset()
+                        job.errors.recovered(self.log, f"maintenance job {job.name}")
                     spread = random.uniform(1 - INTERVAL_JITTER, 1 + INTERVAL_JITTER)
                     job.due = time.monotonic() + job.interval * spread
                     signals.bump(job.name)

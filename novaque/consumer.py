@@ -138,6 +138,26 @@ class RetryDelay:
     def reset(self) -> None:
         self.failures = 0
 
+    def level(self) -> int:
+        """How to log a failure: ERROR for the first in a row, DEBUG for the
+        ones that follow, so an outage is reported once where it starts (and
+        once where it ends: :meth:`recovered`), not at every retry."""
+        return logging.DEBUG if self.failures else logging.ERROR
+
+    def recovered(
+        self, log: logging.Logger | logging.LoggerAdapter[logging.Logger], what: str
+    ) -> None:
+        """The work succeeded: after a run of failures, say once (INFO) that
+        ``what`` works again; then start counting afresh."""
+        if self.failures:
+            log.info(
+                "%s works again after %d failed attempt%s",
+                what,
+                self.failures,
+                "" if self.failures == 1 else "s",
+            )
+            self.failures = 0
+
     def traceback(self, exc: BaseException) -> BaseException | None:
         """What to log with ``exc_info``: the first failure in a row, unless the
         message says it all (:class:`SchemaOutOfDate` names the command to run)."""
@@ -392,7 +412,7 @@ class Consumer:
                 self._stop_claiming.wait(errors.next())
                 continue
             self._acked(acks, lost)
-            errors.reset()
+            errors.recovered(self._log, f"consumer of {self.topic}/{self.channel}: claiming")
             self._signals.bump("polls")
             if not got:
                 self._wait_wake(jittered(idle))
@@ -597,7 +617,7 @@ class Consumer:
                     return
             failed = self._settle(batch)
             if not failed:
-                errors.reset()
+                errors.recovered(self._log, f"consumer of {self.topic}/{self.channel}: settling")
                 continue
             with self._lock:
                 self._ledger.put_back(failed)
@@ -745,14 +765,15 @@ class Consumer:
             self._log_failure(errors, f"renewing the lease of delivery {msg.delivery_id}", exc)
             errors.next()
         else:
-            errors.reset()
+            errors.recovered(self._log, f"consumer of {self.topic}/{self.channel}: renewing")
             self._signals.bump("renewed")
 
     # -- helpers ----------------------------------------------------------------------
 
     def _log_failure(self, errors: RetryDelay, doing: str, exc: BaseException) -> None:
-        """ERROR with the traceback the first time in a row, then one line."""
-        self._log.error(
+        """ERROR with the traceback the first time in a row, then DEBUG."""
+        self._log.log(
+            errors.level(),
             "consumer of %s/%s: error while %s (retrying): %s",
             self.topic,
             self.channel,
