@@ -18,6 +18,8 @@ both clients.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import itertools
 import os
 import secrets
@@ -34,7 +36,10 @@ import pytest
 import sqlalchemy as sa
 
 import novaque
+from novaque.dialects import MySQLDialect
 from novaque.schema import deliveries
+from tests import _twin
+from tests.conftest import _twin_loop
 from tests.test_docs import blocks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -351,3 +356,77 @@ def test_unset_urls_skip_here_and_fail_in_ci(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv(ENV, "mysql+pymysql://root@127.0.0.1:4306/test")
     with pytest.raises(pytest.fail.Exception, match="names 1 URLs"):
         node_urls()
+
+
+def driver_error(module: str, code: int, text: str) -> sa.exc.DBAPIError:
+    """A driver's error as SQLAlchemy raises it (the driver's own as ``orig``)."""
+    errors = importlib.import_module(module)
+    return sa.exc.OperationalError("SELECT 1", {}, errors.OperationalError(code, text))
+
+
+@pytest.mark.parametrize("driver", ["pymysql.err", "asyncmy.errors"])
+def test_a_node_not_ready_or_a_lost_connection_is_unavailable_not_a_conflict(
+    driver: str,
+) -> None:
+    dialect = MySQLDialect()
+    for code, text in [
+        (1047, "WSREP has not yet prepared node for application use"),
+        (2003, "Can't connect to MySQL server on '127.0.0.1'"),
+        (2006, "MySQL server has gone away"),
+        (2013, "Lost connection to MySQL server during query"),
+    ]:
+        exc = driver_error(driver, code, text)
+        assert dialect.is_unavailable(exc), code
+        assert not dialect.is_retryable(exc), code
+    conflict = driver_error(driver, 1213, "Deadlock found when trying to get lock")
+    assert dialect.is_retryable(conflict)
+    assert not dialect.is_unavailable(conflict)
+    refused = driver_error(driver, 1406, "Data too long for column 'body'")
+    assert not dialect.is_unavailable(refused)
+    assert not dialect.is_retryable(refused)
+
+
+@contextlib.contextmanager
+def rejecting_queries(url: str) -> Iterator[None]:
+    """The node of ``url`` refuses its clients' queries as a node that is not
+    ready does (1047), until the block ends."""
+    admin = sa.create_engine(url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+    # One connection throughout: a new one would be refused too (SQLAlchemy's
+    # first queries on it), but a SET still runs on an open one.
+    with admin.connect() as conn:
+        conn.exec_driver_sql("SET GLOBAL wsrep_reject_queries = ALL")
+        try:
+            yield
+        finally:
+            conn.exec_driver_sql("SET GLOBAL wsrep_reject_queries = NONE")
+    admin.dispose()
+
+
+@pytest.mark.serial
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_a_node_not_ready_for_clients_makes_calls_unavailable_then_serves_again(
+    channel: Cluster, kind: str
+) -> None:
+    url = channel.urls[2]
+    client: novaque.Client
+    if kind == "sync":
+        client = novaque.connect(url)
+    else:
+        client = _twin.make("mysql", url, _twin_loop(), novaque.Options())  # type: ignore[assignment]
+    try:
+        client.publish("t", b"before")
+        unavailable = (novaque.DatabaseUnavailable, sa.exc.OperationalError)
+        with rejecting_queries(url), pytest.raises(unavailable) as raised:
+            client.publish("t", b"during")
+        error = raised.value
+        cause = error.__cause__ if isinstance(error, novaque.DatabaseUnavailable) else error
+        assert isinstance(cause, sa.exc.DBAPIError)
+        assert MySQLDialect().is_unavailable(cause), cause
+        # The same client, its connections kept, publishes once the node is ready.
+        client.publish("t", b"after")
+    finally:
+        if kind == "sync":
+            client.shutdown()
+        else:
+            client.close()  # type: ignore[attr-defined]
+    assert live(url) == 2

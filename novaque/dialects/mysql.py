@@ -67,6 +67,15 @@ _routed_exists_held = sa.exists(
 )
 
 
+#: Errors of a server that cannot serve now (see Dialect.is_unavailable):
+#: 1047 a Galera node not ready for clients (joining, or cut off from the
+#: cluster's primary component), 1053 the server shutting down, 1290 and 1836
+#: a read-only server, 1927 the connection killed, 2002/2003 no connection
+#: (socket, TCP), 2006/2013/2055 the connection lost, 4031 closed by the
+#: server after idling.
+_UNAVAILABLE_CODES = frozenset({1047, 1053, 1290, 1836, 1927, 2002, 2003, 2006, 2013, 2055, 4031})
+
+
 def _mysql_code(exc: DBAPIError) -> object:
     args: tuple[object, ...] = tuple(getattr(exc.orig, "args", ()))
     return args[0] if args else None
@@ -374,9 +383,13 @@ class MySQLDialect(Dialect):
         )
 
     def is_retryable(self, exc: DBAPIError) -> bool:
-        # 1213 deadlock, 1205 lock wait timeout, 1020 a locking read of a row
-        # changed since the snapshot (MariaDB >= 11.6, innodb_snapshot_isolation)
+        # 1213 deadlock (and a Galera cluster's certification conflict), 1205
+        # lock wait timeout, 1020 a locking read of a row changed since the
+        # snapshot (MariaDB >= 11.6, innodb_snapshot_isolation)
         return _mysql_code(exc) in (1213, 1205, 1020)
+
+    def is_unavailable(self, exc: DBAPIError) -> bool:
+        return super().is_unavailable(exc) or _mysql_code(exc) in _UNAVAILABLE_CODES
 
     def begin_transaction(self, conn: sa.Connection) -> None:
         # READ COMMITTED for this transaction only: locking reads take no gap
