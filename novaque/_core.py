@@ -233,6 +233,7 @@ class CoreClient:
                 return
             with self._executor.connect() as conn:
                 _migrate.require_current(conn)
+                self._dialect.learn_server(conn)
                 self._clock.sample(lambda: self._dialect.db_now_us(conn))
             self._clock_sampled_at = time.monotonic()
             self._schema_ok.set()

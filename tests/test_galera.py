@@ -36,7 +36,7 @@ import pytest
 import sqlalchemy as sa
 
 import novaque
-from novaque.dialects import MySQLDialect
+from novaque.dialects import MySQLDialect, mysql
 from novaque.schema import deliveries
 from tests import _twin
 from tests.conftest import _twin_loop
@@ -430,3 +430,15 @@ def test_a_node_not_ready_for_clients_makes_calls_unavailable_then_serves_again(
         else:
             client.close()  # type: ignore[attr-defined]
     assert live(url) == 2
+
+
+def test_claims_are_spread_on_every_node(channel: Cluster) -> None:
+    """A client finds at its first use that its server is a cluster's node
+    (the claims then look in one slice of the due deliveries first)."""
+    for url in channel.urls:
+        client = novaque.connect(url)
+        try:
+            client.list_topics()
+            assert getattr(client._dialect, "slices", 0) == mysql.CLAIM_SLICES, url
+        finally:
+            client.shutdown()

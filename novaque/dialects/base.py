@@ -400,6 +400,11 @@ class Dialect:
     def check_migration(self, conn: sa.Connection) -> None:
         """Checks at the end of a migration's transaction, before it commits."""
 
+    def learn_server(self, conn: sa.Connection) -> None:
+        """Note what the SQL of this client depends on beyond the version (a
+        MySQL dialect learns whether the server is a node of a Galera
+        cluster); called once, when the client first reaches the database."""
+
     # -- transactions -------------------------------------------------------------
 
     def is_retryable(self, exc: DBAPIError) -> bool:

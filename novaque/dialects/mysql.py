@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -101,7 +102,53 @@ def _hex_literal(value: bytes) -> str:
     return f"X'{value.hex()}'"
 
 
-def _lease_block(*, ack: bool) -> str:
+#: How many slices a Galera cluster's claims are spread over (see
+#: :meth:`MySQLDialect.learn_server`).
+CLAIM_SLICES = 16
+
+#: The deliveries of one slice: a hash of the id (CRC32: ids step by the
+#: cluster's size on Galera, so their remainders alone would not spread).
+_in_slice = sa.func.mod(
+    sa.func.crc32(d.c.id), sa.bindparam("p_slices", type_=sa.Integer)
+) == sa.bindparam("p_slice", type_=sa.Integer)
+#: The oldest due deliveries of one slice (``p_slice`` of ``p_slices``), from
+#: the claim index alone (the claim's locking read checks their attempts): a
+#: derived table, which the locking clause of a SELECT does not reach.
+_slice_candidates = (
+    sa.select(d.c.id)
+    .where(
+        d.c.channel_id == sa.bindparam("p_channel"),
+        d.c.visible_at <= sa.bindparam("p_now"),
+        _in_slice,
+    )
+    .order_by(d.c.visible_at, d.c.id)
+    .limit(sa.bindparam("p_limit", type_=sa.Integer))
+    .subquery("candidates")
+)
+
+_PickT = TypeVar("_PickT", bound=sa.Select[Any])
+
+
+def _in_one_slice(pick: _PickT) -> _PickT:
+    """``pick``, a claim's locking read (a SELECT) of due deliveries, taking
+    only those of one slice: found first by a read without locks, then locked
+    by their keys (still due, skipping others' locks).
+
+    On a Galera cluster a node applies the others' writes with priority over
+    its own transactions: a claim that holds a lock on a row another node's
+    claim leased is aborted (1213), whatever it wanted the row for. So the
+    claim's scan of the slice takes no locks, and only the rows it leases
+    are locked.
+    """
+    return pick.where(d.c.id.in_(sa.select(_slice_candidates.c.id)))
+
+
+def _pyformat(stmt: sa.ClauseElement) -> str:
+    """``stmt`` in the driver's SQL (``%(name)s`` parameters)."""
+    return str(stmt.compile(dialect=mysql_dialect.dialect(paramstyle="pyformat")))
+
+
+def _lease_block(*, ack: bool, spread: bool = False) -> str:
     """MariaDB's claim (``ack``: after the ack of a batch) as one compound
     statement (``BEGIN NOT ATOMIC``), a whole transaction in one round trip,
     in READ COMMITTED as :meth:`MySQLDialect.begin_transaction` sets it (no
@@ -115,6 +162,13 @@ def _lease_block(*, ack: bool) -> str:
     of the channel's leased rows), and commits. A paused channel leases
     nothing. Parameters: :func:`_lease_params`, and for the ack ``ids`` and
     ``pairs`` (tuples: the driver writes them as lists).
+
+    ``spread``: the claim looks in one slice of the due deliveries first
+    (``p_slice`` of ``p_slices``; :func:`_in_one_slice`), and in all of them
+    only when that slice gives none (see :meth:`MySQLDialect.learn_server`).
+    Its locking read is a cursor's, each row it locks then leased by its key:
+    an UPDATE's derived table would lock every row its read without locks
+    passed over too (the scan of the other slices).
     """
     acked = (
         f"DELETE FROM {d.name} WHERE id IN %(ids)s AND (id, lease_token) IN %(pairs)s "
@@ -122,18 +176,30 @@ def _lease_block(*, ack: bool) -> str:
         if ack
         else ""
     )
-    due = str(_claim_ids.compile(dialect=mysql_dialect.dialect(paramstyle="pyformat")))
+    leasing = (
+        f"SET {{row}}state = {STATE_LEASED}, {{row}}visible_at = lease_until, "
+        "{row}lease_token = %(p_token)s, {row}attempts = {row}attempts + 1, "
+        "{row}attempt_id = NULL"
+    )
+    picks = (
+        f"UPDATE {d.name} AS leased JOIN ({_pyformat(_claim_ids)}) AS picked "
+        f"ON leased.id = picked.id {leasing.format(row='leased.')}; "
+    )
+    if spread:
+        picks = (
+            f"FOR picked IN ({_pyformat(_in_one_slice(_claim_ids))}) DO "
+            f"UPDATE {d.name} {leasing.format(row='')} WHERE id = picked.id; "
+            f"SET taken = taken + 1; END FOR; IF taken = 0 THEN {picks}END IF; "
+        )
     return (
         "BEGIN NOT ATOMIC DECLARE lease_until BIGINT; DECLARE channel_lease BIGINT; "
+        f"{'DECLARE taken INT DEFAULT 0; ' if spread else ''}"
         "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
         f"{acked}"
         f"SET channel_lease = (SELECT lease FROM {channels.name} WHERE id = %(p_channel)s); "
         "SET lease_until = coalesce(CASE WHEN %(p_channel_lease)s = 1 "
         "THEN %(p_now)s + channel_lease END, %(p_until)s); "
-        f"UPDATE {d.name} AS leased JOIN ({due}) AS picked ON leased.id = picked.id "
-        f"SET leased.state = {STATE_LEASED}, leased.visible_at = lease_until, "
-        "leased.lease_token = %(p_token)s, leased.attempts = leased.attempts + 1, "
-        "leased.attempt_id = NULL; "
+        f"{picks}"
         "SELECT d.id, d.message_id, d.attempts, d.max_attempts, m.body, m.headers, "
         "m.published_at, lease_until, channel_lease, m.group_key, d.group_key "
         f"FROM {d.name} AS d JOIN {m.name} AS m ON m.id = d.message_id "
@@ -144,10 +210,16 @@ def _lease_block(*, ack: bool) -> str:
 
 
 def _lease_params(
-    channel_id: int, limit: int, now: int, until: int, token: str, channel_lease: bool
+    channel_id: int,
+    limit: int,
+    now: int,
+    until: int,
+    token: str,
+    channel_lease: bool,
+    slices: int = 0,
 ) -> dict[str, Any]:
-    """The parameters of a :func:`_lease_block`."""
-    return {
+    """The parameters of a :func:`_lease_block` (``slices``: of a spread one)."""
+    params = {
         "p_channel": channel_id,
         "p_now": now,
         "p_until": until,
@@ -155,6 +227,14 @@ def _lease_params(
         "p_token": token,
         "p_channel_lease": 1 if channel_lease else 0,
     }
+    if slices:
+        params.update(_slice_params(slices))
+    return params
+
+
+def _slice_params(slices: int) -> dict[str, int]:
+    """A claim's slice, at random, of ``slices``."""
+    return {"p_slices": slices, "p_slice": random.randrange(slices)}
 
 
 def _one_row(dbapi: Any, block: str, params: Sequence[Any]) -> tuple[Any, ...]:
@@ -269,6 +349,28 @@ class MySQLDialect(Dialect):
     # No push: the newest delivery id is looked at instead.
     supports_watch = True
 
+    def __init__(self) -> None:
+        #: How many slices the claims are spread over (0: none; see
+        #: :meth:`learn_server`).
+        self.slices = 0
+
+    def learn_server(self, conn: sa.Connection) -> None:
+        # A Galera cluster certifies each transaction against the others'
+        # writes when it commits: claims on different nodes that lease the
+        # same oldest rows (no node sees another's locks) abort all but one,
+        # as deadlocks. Each claim there looks first in one slice of the due
+        # deliveries at random (the oldest due of the slice: its rows are
+        # among the channel's oldest few hundred due), so concurrent claims
+        # mostly lease different rows; a lone server keeps the plain claim.
+        found: dict[str, str] = dict(
+            conn.exec_driver_sql(
+                "SHOW VARIABLES WHERE Variable_name IN ('wsrep_on', 'wsrep_provider')"
+            ).all()
+        )
+        on = found.get("wsrep_on", "OFF").upper() in ("ON", "1")
+        provider = found.get("wsrep_provider", "none").lower()
+        self.slices = CLAIM_SLICES if on and provider not in ("", "none") else 0
+
     def open_watcher(
         self, engine: sa.Engine, interval: float, *, awaited: bool = False
     ) -> NotifyListener:
@@ -303,6 +405,7 @@ class MySQLDialect(Dialect):
         .limit(sa.bindparam("p_limit", type_=sa.Integer))
         .with_for_update(skip_locked=True)
     )
+    _lock_ids_in_slice = _in_one_slice(_lock_ids)
     _lease = (
         sa.update(d)
         .where(d.c.id.in_(sa.bindparam("p_ids", expanding=True)))
@@ -474,10 +577,16 @@ class MySQLDialect(Dialect):
         self, conn: sa.Connection, channel_id: int, limit: int, now: int
     ) -> Sequence[Any]:
         """The claim's locking read: up to ``limit`` due deliveries with their
-        message fields and the channel's settings; none when the channel is paused."""
-        locked = conn.execute(
-            self._lock_ids, {"p_channel": channel_id, "p_now": now, "p_limit": limit}
-        ).all()
+        message fields and the channel's settings; none when the channel is
+        paused. Spread (:attr:`slices`): from one slice first."""
+        params = {"p_channel": channel_id, "p_now": now, "p_limit": limit}
+        locked: Sequence[Any] = ()
+        if self.slices:
+            locked = conn.execute(
+                self._lock_ids_in_slice, {**params, **_slice_params(self.slices)}
+            ).all()
+        if not locked:
+            locked = conn.execute(self._lock_ids, params).all()
         if not locked or locked[0][8]:  # nothing due, or the channel is paused
             return []
         return locked
@@ -577,6 +686,8 @@ class MySQLDialect(Dialect):
     #: alone in one instead of three (see :func:`_lease_block`).
     _ack_and_claim_block = _lease_block(ack=True)
     _claim_block = _lease_block(ack=False)
+    _ack_and_claim_spread = _lease_block(ack=True, spread=True)
+    _claim_spread = _lease_block(ack=False, spread=True)
 
     def driver_ops(self, sql_dialect: sa.Dialect) -> frozenset[str]:
         # MariaDB: INSERT ... SELECT ... RETURNING writes and counts the
@@ -598,11 +709,12 @@ class MySQLDialect(Dialect):
         channel_lease: bool = False,
     ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
         ordered = sorted(pairs)
-        params = _lease_params(channel_id, limit, now, until, token, channel_lease)
+        params = _lease_params(channel_id, limit, now, until, token, channel_lease, self.slices)
         params.update(ids=tuple(p[0] for p in ordered), pairs=tuple(ordered))
+        block = self._ack_and_claim_spread if self.slices else self._ack_and_claim_block
         cursor = dbapi.cursor()
         try:
-            cursor.execute(self._ack_and_claim_block, params)
+            cursor.execute(block, params)
             done = {(int(i), str(t)) for i, t in cursor.fetchall()}
             cursor.nextset()
             return done, _leased_rows(cursor)
@@ -621,8 +733,8 @@ class MySQLDialect(Dialect):
     ) -> list[ClaimedRow]:
         cursor = dbapi.cursor()
         try:
-            params = _lease_params(channel_id, limit, now, until, token, channel_lease)
-            cursor.execute(self._claim_block, params)
+            params = _lease_params(channel_id, limit, now, until, token, channel_lease, self.slices)
+            cursor.execute(self._claim_spread if self.slices else self._claim_block, params)
             return _leased_rows(cursor)
         finally:
             cursor.close()
