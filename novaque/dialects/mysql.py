@@ -148,6 +148,10 @@ def _pyformat(stmt: sa.ClauseElement) -> str:
     return str(stmt.compile(dialect=mysql_dialect.dialect(paramstyle="pyformat")))
 
 
+#: What a spread claim's block declares: how many rows its slice gave, and their ids.
+_SPREAD_DECLARED = "DECLARE taken INT DEFAULT 0; DECLARE taken_ids LONGTEXT DEFAULT '[]'; "
+
+
 def _lease_block(*, ack: bool, spread: bool = False) -> str:
     """MariaDB's claim (``ack``: after the ack of a batch) as one compound
     statement (``BEGIN NOT ATOMIC``), a whole transaction in one round trip,
@@ -166,9 +170,10 @@ def _lease_block(*, ack: bool, spread: bool = False) -> str:
     ``spread``: the claim looks in one slice of the due deliveries first
     (``p_slice`` of ``p_slices``; :func:`_in_one_slice`), and in all of them
     only when that slice gives none (see :meth:`MySQLDialect.learn_server`).
-    Its locking read is a cursor's, each row it locks then leased by its key:
-    an UPDATE's derived table would lock every row its read without locks
-    passed over too (the scan of the other slices).
+    Its locking read is a cursor's, whose rows' ids are gathered (a JSON
+    array) and leased by one UPDATE joined on them: an UPDATE's derived table
+    would lock every row its read without locks passed over too (the scan of
+    the other slices).
     """
     acked = (
         f"DELETE FROM {d.name} WHERE id IN %(ids)s AND (id, lease_token) IN %(pairs)s "
@@ -188,12 +193,15 @@ def _lease_block(*, ack: bool, spread: bool = False) -> str:
     if spread:
         picks = (
             f"FOR picked IN ({_pyformat(_in_one_slice(_claim_ids))}) DO "
-            f"UPDATE {d.name} {leasing.format(row='')} WHERE id = picked.id; "
-            f"SET taken = taken + 1; END FOR; IF taken = 0 THEN {picks}END IF; "
+            "SET taken_ids = JSON_ARRAY_APPEND(taken_ids, '$', picked.id); "
+            "SET taken = taken + 1; END FOR; "
+            f"IF taken = 0 THEN {picks}ELSE UPDATE {d.name} AS leased JOIN JSON_TABLE(taken_ids, "
+            "'$[*]' COLUMNS (id BIGINT PATH '$')) AS picked ON leased.id = picked.id "
+            f"{leasing.format(row='leased.')}; END IF; "
         )
     return (
         "BEGIN NOT ATOMIC DECLARE lease_until BIGINT; DECLARE channel_lease BIGINT; "
-        f"{'DECLARE taken INT DEFAULT 0; ' if spread else ''}"
+        f"{_SPREAD_DECLARED if spread else ''}"
         "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
         f"{acked}"
         f"SET channel_lease = (SELECT lease FROM {channels.name} WHERE id = %(p_channel)s); "
