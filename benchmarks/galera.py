@@ -3,7 +3,7 @@
     tests/topologies/galera.sh start        # prints the three URLs
     tests/topologies/galera.sh lone start   # prints the lone server's URL
     python -m benchmarks.galera --urls URL1,URL2,URL3 [--lone URL] \
-        [--messages 3000] [--runs 3] [--max-in-flight 10]
+        [--messages 3000] [--runs 3] [--max-in-flight 10] [--no-spread]
 
 Each scenario publishes ``--messages`` messages (200 bytes, batches of 500,
 through the first URL), then drains them with one consumer process per URL it
@@ -17,6 +17,9 @@ ran out (the consumer then logged an error and waited). Medians of ``--runs``.
 Scenarios: the cluster with one consumer per node; the cluster with all three
 consumers on the first node; the lone server with one consumer, and with three.
 A private database is created for each scenario and dropped after it.
+``--no-spread`` makes the cluster's clients claim as a lone server's do (the
+oldest due first, without slices: the claim before the spread) for the
+figures before and after it.
 """
 
 from __future__ import annotations
@@ -77,9 +80,11 @@ class _Levels(logging.Handler):
             self.counts[f"text {record.getMessage()[:120]}"] += 1
 
 
-def _consume(url: str, max_in_flight: int, go: Any, stop: Any, out: Any) -> None:
+def _consume(url: str, max_in_flight: int, spread: bool, go: Any, stop: Any, out: Any) -> None:
     counts: Counter[str] = Counter()
     _count_claims(counts)
+    if not spread:
+        mysql_dialect.MySQLDialect.learn_server = lambda self, conn: None  # type: ignore[method-assign]
     logging.getLogger("novaque").addHandler(_Levels(counts))
     handled = 0
 
@@ -105,7 +110,7 @@ def _left(engine: sa.Engine) -> int:
         return int(conn.execute(sa.select(sa.func.count()).select_from(deliveries)).scalar_one())
 
 
-def drain(urls: list[str], messages: int, max_in_flight: int) -> dict[str, Any]:
+def drain(urls: list[str], messages: int, max_in_flight: int, spread: bool) -> dict[str, Any]:
     """One run: a private database, ``messages`` published, drained by one
     consumer process per URL (same server or nodes of one cluster)."""
     name = f"novaque_galera_{secrets.token_hex(4)}"
@@ -124,7 +129,8 @@ def drain(urls: list[str], messages: int, max_in_flight: int) -> dict[str, Any]:
         ctx = multiprocessing.get_context("spawn")
         go, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
         procs = [
-            ctx.Process(target=_consume, args=(u, max_in_flight, go, stop, out)) for u in db_urls
+            ctx.Process(target=_consume, args=(u, max_in_flight, spread, go, stop, out))
+            for u in db_urls
         ]
         for proc in procs:
             proc.start()
@@ -165,6 +171,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--max-in-flight", type=int, default=10)
     parser.add_argument("--only", help="run only the scenarios whose name contains this")
+    parser.add_argument("--no-spread", action="store_true", help="claims without slices")
     args = parser.parse_args()
     nodes = args.urls.split(",")
     scenarios = {
@@ -179,7 +186,7 @@ def main() -> None:
             continue
         runs = []
         for n in range(args.runs):
-            found = drain(urls, args.messages, args.max_in_flight)
+            found = drain(urls, args.messages, args.max_in_flight, not args.no_spread)
             say(f"  {title} run {n + 1}: {found}")
             runs.append(found)
         rate = statistics.median(r["rate"] for r in runs)
