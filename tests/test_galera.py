@@ -308,14 +308,16 @@ def test_a_node_killed_mid_run_loses_nothing_and_rejoins(
     fed(lambda: all(w.all_handled_since(0) for w in workers), "every consumer to handle some")
     channel.control("kill", "2")
     killed_ns = time.time_ns()
-    survivors = [w for w in workers if w.node != 1]
-    # The survivors take writes (once the cluster has noticed the loss) and consume.
-    ids += publish(channel.urls[0], "during", 100) + publish(channel.urls[2], "during", 100)
-    fed(
-        lambda: all(w.all_handled_since(killed_ns) for w in survivors),
-        "the other nodes' consumers to go on",
-    )
-    rejoin_s = channel.control("restart", "2")
+    try:
+        survivors = [w for w in workers if w.node != 1]
+        # The survivors take writes (once the cluster has noticed the loss) and consume.
+        ids += publish(channel.urls[0], "during", 100) + publish(channel.urls[2], "during", 100)
+        fed(
+            lambda: all(w.all_handled_since(killed_ns) for w in survivors),
+            "the other nodes' consumers to go on",
+        )
+    finally:  # back for the tests that follow, whatever happened
+        rejoin_s = channel.control("restart", "2")
     back_ns = time.time_ns()
     # The restarted node takes writes, and its consumers consume again.
     ids += publish(channel.urls[1], "after", 100)
