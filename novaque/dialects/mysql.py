@@ -6,7 +6,7 @@ import contextlib
 import functools
 import random
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql as mysql_dialect
