@@ -23,7 +23,7 @@ import novaque.aio
 from benchmarks._common import Deadline, Run, Sizes, age_ms, body, stamped_body
 from benchmarks._databases import Database, close_client
 from novaque import schema
-from novaque.dialects import pool_size_for
+from novaque.dialects import normalise_url, pool_size_for
 
 T = TypeVar("T")
 
@@ -320,7 +320,7 @@ async def _aio_connect(db: Database, sizes: Sizes, start: bool) -> novaque.aio.A
     # Without the sync driver's name, the asyncio one novaque.aio.connect
     # picks (psycopg's async mode, asyncmy, aiosqlite).
     url = sa.make_url(db.url)
-    url = novaque.aio._async_url(url.set(drivername=url.get_backend_name()))
+    url = normalise_url(url.set(drivername=url.get_backend_name()), asynchronous=True)
     fields = client_options(sizes)
     if sizes.engine == "plain":
         engine = create_async_engine(url, pool_size=pool_size_for(fields["max_in_flight"]))
