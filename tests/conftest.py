@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +38,7 @@ import sqlalchemy as sa
 import novaque
 from novaque import _core, schema
 from novaque.testing import FakeClock
-from tests import _twin
+from tests import _preloaded, _twin
 
 BACKENDS = ("sqlite", "postgres", "mysql")
 ENV = {"postgres": "NOVAQUE_TEST_POSTGRES_URL", "mysql": "NOVAQUE_TEST_MYSQL_URL"}
@@ -398,14 +397,8 @@ def run_pytest(
     """
     if env is None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
+    return _preloaded.run(
+        ["-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=cwd, env=env, timeout=timeout
     )
 
 

@@ -21,6 +21,7 @@ import sqlalchemy as sa
 
 import novaque
 from novaque import schema
+from tests import _preloaded
 from tests.conftest import Backend
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,15 +100,7 @@ class App:
         self.env = {**os.environ, "PYTHONPATH": pythonpath}
 
     def alembic(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(
-            [sys.executable, "-m", "alembic", *args],
-            cwd=self.root,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        done = _preloaded.run(["-m", "alembic", *args], cwd=self.root, env=self.env, timeout=120)
         if ok:
             assert done.returncode == 0, done.stderr
         return done

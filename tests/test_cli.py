@@ -22,6 +22,7 @@ import pytest
 import sqlalchemy as sa
 
 import novaque
+from tests import _preloaded
 from tests.conftest import Backend, driverless
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,18 +35,15 @@ def run(
     stdin: bytes | None = None,
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "novaque.cli", *(["--url", url] if url else []), *args]
+    command = ["-m", "novaque.cli", *(["--url", url] if url else []), *args]
     full_env = {k: v for k, v in os.environ.items() if k != "NOVAQUE_DATABASE_URL"}
     full_env.update(env or {})
-    return subprocess.run(
+    return _preloaded.run(
         command,
         cwd=cwd,
         input=stdin.decode() if stdin is not None else None,
-        capture_output=True,
-        text=True,
         timeout=120,
         env=full_env,
-        check=False,
     )
 
 

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 import novaque
 from novaque import _migrate
+from tests import _preloaded
 from tests.conftest import Backend
 
 pytest.importorskip("django")
@@ -40,15 +41,7 @@ class Project:
         return [sys.executable, "-m", "tests.django_project", *args]
 
     def manage(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(
-            self.command(*args),
-            cwd=ROOT,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        done = _preloaded.run(self.command(*args)[1:], cwd=ROOT, env=self.env, timeout=120)
         if check:
             assert done.returncode == 0, done.stdout + done.stderr
         return done
@@ -281,15 +274,7 @@ def test_the_guide_project_publishes_and_consumes(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DJANGO_"))}
 
     def manage(*args: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "manage.py", *args],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        done = _preloaded.run(["manage.py", *args], cwd=tmp_path, env=env, timeout=120)
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
