@@ -1,4 +1,6 @@
-"""The ``novaque`` command line, run as a subprocess like a user would.
+"""The ``novaque`` command line, run in a process of its own like a user would
+(forked from a server that imported novaque already, tests/_preloaded.py; the
+tests that signal or read a running command start a fresh interpreter).
 
 Most cases run on SQLite; ``test_server_backends`` walks the main commands
 once on each server backend through ``backend.url``.
@@ -365,21 +367,14 @@ def run_on_a_terminal(args: list[str], cwd: Path, answer: bytes) -> tuple[int, s
     leader, follower = pty.openpty()
     try:
         env = {k: v for k, v in os.environ.items() if k != "NOVAQUE_DATABASE_URL"}
-        process = subprocess.Popen(
-            [sys.executable, "-m", "novaque.cli", *args],
-            cwd=cwd,
-            stdin=follower,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            text=True,
-        )
         os.write(leader, answer)
-        out, err = process.communicate(timeout=120)
+        done = _preloaded.run(
+            ["-m", "novaque.cli", *args], cwd=cwd, stdin=os.ttyname(follower), env=env, timeout=120
+        )
     finally:
         os.close(follower)
         os.close(leader)
-    return process.returncode, out + err
+    return done.returncode, done.stdout + done.stderr
 
 
 def test_deleting_everything_asks_on_a_terminal(db: Path) -> None:
@@ -541,9 +536,7 @@ def test_a_missing_driver_names_the_right_extra_and_url(
         f"import sys; sys.modules[{module!r}] = None; from novaque.cli import main; "
         f"sys.exit(main(['--url', {url!r}, 'topics']))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=False
-    )
+    done = _preloaded.run(["-c", code], cwd=tmp_path, timeout=120)
     error = one_line_error(done)
     assert "pip install 'novaque[mysql]'" in error
     if module == "MySQLdb":  # another driver than novaque's: its URL form is named

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -13,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 import novaque
+from tests import _preloaded
 from tests.conftest import Backend
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,9 +113,8 @@ def test_three_processes_share_a_channel_without_double_leasing(
         client.publish_many("load", [f"m{i}" for i in range(start, start + 500)])
     outs = [tmp_path / f"worker{i}.txt" for i in range(3)]
     procs = [
-        subprocess.Popen(
+        _preloaded.popen(
             [
-                sys.executable,
                 "-m",
                 "tests.workers",
                 "claim",

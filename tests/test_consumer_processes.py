@@ -10,7 +10,6 @@ import itertools
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter, defaultdict
@@ -22,6 +21,7 @@ import sqlalchemy as sa
 
 import novaque
 from novaque.schema import deliveries
+from tests import _preloaded
 from tests.conftest import Backend, kill_other_sessions
 from tests.test_consumer import WAIT, Recorder, waited
 
@@ -54,10 +54,10 @@ class Worker:
 
     def __init__(self, backend: Backend, out: Path, **flags: object) -> None:
         self.out = out
-        args = [sys.executable, "-m", "tests.runtime_workers", backend.url, "t", "c", str(out)]
+        args = ["-m", "tests.runtime_workers", backend.url, "t", "c", str(out)]
         for name, value in flags.items():
             args += [f"--{name.replace('_', '-')}", str(value)]
-        self.proc = subprocess.Popen(args, cwd=ROOT)
+        self.proc = _preloaded.popen(args, cwd=ROOT)
 
     def lines(self) -> list[list[str]]:
         if not self.out.exists():

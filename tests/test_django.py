@@ -123,8 +123,8 @@ def test_migrate_command_applies_novaque_migrations_once(project: Project) -> No
 
 def test_run_command_consumes_until_sigterm(project: Project) -> None:
     ids = project.scenario("publish_orders")["ids"]
-    proc = subprocess.Popen(
-        project.command("novaque", "run"),
+    proc = _preloaded.popen(
+        project.command("novaque", "run")[1:],
         cwd=ROOT,
         env=project.env,
         stdout=subprocess.PIPE,
@@ -289,8 +289,8 @@ def test_the_guide_project_publishes_and_consumes(tmp_path: Path) -> None:
         "from shop.orders import place_order; print(place_order('ada@example.com').pk)",
     )
     order_id = int(placed.split()[-1])
-    proc = subprocess.Popen(
-        [sys.executable, "manage.py", "novaque", "run"],
+    proc = _preloaded.popen(
+        ["manage.py", "novaque", "run"],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,

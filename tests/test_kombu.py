@@ -8,10 +8,10 @@ time.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -30,7 +30,7 @@ from kombu import Connection, Exchange, Queue
 from novaque import _validate
 from novaque.kombu import channel_name, topic_names
 from novaque.testing import FakeClock
-from tests import _procs
+from tests import _preloaded, _procs
 from tests.celery_app import make_app
 from tests.conftest import Backend, driverless
 
@@ -160,9 +160,9 @@ def test_fanout_exchange_copies_to_every_bound_queue(broker: str, backend: Backe
 def elsewhere(broker: str, *declare: tuple[Any, ...]) -> None:
     """Declare queues and bindings (or unbind, see ``_procs.declare_kombu_queues``)
     in another process: its kombu state is not this process's."""
-    ctx = multiprocessing.get_context("spawn")
+    ctx = _preloaded.context
     out = ctx.Queue()
-    proc = ctx.Process(target=_procs.declare_kombu_queues, args=(broker, list(declare), out))
+    proc = _preloaded.process(_procs.declare_kombu_queues, (broker, list(declare), out))
     proc.start()
     try:
         status, detail = out.get(timeout=120)
@@ -385,8 +385,8 @@ class Worker:
         command = [sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker"]
         command += ["-n", f"{name}@%h", "-l", "info", "--without-mingle", "--without-gossip"]
         with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [*command, *args], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+            self.proc = _preloaded.popen(
+                [*command, *args][1:], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
             )
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
@@ -477,8 +477,8 @@ def test_the_guide_celery_example_runs(tmp_path: Path, workers: list[Worker]) ->
     log = tmp_path / "worker.log"
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-l", "info", "-c", "1"],
+        proc = _preloaded.popen(
+            ["-m", "celery", "-A", "tasks", "worker", "-l", "info", "-c", "1"],
             cwd=tmp_path,
             env=env,
             stdout=out,
@@ -487,10 +487,8 @@ def test_the_guide_celery_example_runs(tmp_path: Path, workers: list[Worker]) ->
     worker = Worker.__new__(Worker)
     worker.proc, worker.log = proc, log
     workers.append(worker)
-    sent = subprocess.run(
-        [sys.executable, "send.py"], cwd=tmp_path, env=env, capture_output=True, timeout=WAIT
-    )
-    assert sent.returncode == 0, sent.stderr.decode()
+    sent = _preloaded.run(["send.py"], cwd=tmp_path, env=env, timeout=WAIT)
+    assert sent.returncode == 0, sent.stderr
     try:
         eventually(lambda: "succeeded" in log.read_text(), "the first task")
         eventually(lambda: log.read_text().count("succeeded") == 2, "the countdown task")
@@ -498,13 +496,15 @@ def test_the_guide_celery_example_runs(tmp_path: Path, workers: list[Worker]) ->
         raise AssertionError(explain(workers)) from None
     results = re.findall(r"succeeded in [0-9.e-]+s: (\d+)", log.read_text())
     assert sorted(results) == ["5", "9"]
-    ping = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tasks", "inspect", "ping", "-t", "5"],
+    # Addressed to the worker, the ping returns with its answer (to all, it
+    # would wait out the 5 s for more).
+    node = f"celery@{socket.gethostname()}"
+    ping = _preloaded.run(
+        ["-m", "celery", "-A", "tasks", "inspect", "ping", "-t", "5", "-d", node],
         cwd=tmp_path,
         env=env,
-        capture_output=True,
         timeout=WAIT,
     )
-    assert b"pong" in ping.stdout, ping.stdout.decode() + ping.stderr.decode()
+    assert "pong" in ping.stdout, ping.stdout + ping.stderr
     worker.stop()
     assert proc.returncode == 0, explain(workers)

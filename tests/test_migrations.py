@@ -16,6 +16,7 @@ from alembic.script import ScriptDirectory
 
 import novaque
 from novaque import _migrate, dialects, schema
+from tests import _preloaded
 from tests.conftest import Backend
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -191,9 +192,7 @@ def test_processes_migrating_at_once_all_succeed(backend: Backend, tmp_path: Pat
     url = backend.scratch_url(tmp_path)
     code = "import sys, novaque; novaque.connect(sys.argv[1]).migrate()"
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code, url], cwd=ROOT, stderr=subprocess.PIPE, text=True
-        )
+        _preloaded.popen(["-c", code, url], cwd=ROOT, stderr=subprocess.PIPE, text=True)
         for _ in range(3)
     ]
     for proc in procs:

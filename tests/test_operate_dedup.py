@@ -4,7 +4,6 @@ writes nothing (DESIGN §9)."""
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 from datetime import datetime, timezone
 from typing import Any
@@ -16,7 +15,7 @@ import novaque
 from novaque.schema import deliveries, messages
 from novaque.schema import groups as group_rows
 from novaque.testing import FakeClock
-from tests import _procs
+from tests import _preloaded, _procs
 from tests.conftest import Backend
 
 pytestmark = pytest.mark.usefixtures("twin")
@@ -63,10 +62,10 @@ def test_two_processes_racing_on_keys_store_one_message_each(backend: Backend) -
     setup.ensure_channel("dedup", "c")
     keys = [f"key-{i}" for i in range(25)]
     at = datetime.now(timezone.utc).isoformat()
-    ctx = multiprocessing.get_context("spawn")
+    ctx = _preloaded.context
     barrier, out = ctx.Barrier(2), ctx.Queue()
     procs = [
-        ctx.Process(target=_procs.publish_deduplicated, args=(backend.url, at, keys, barrier, out))
+        _preloaded.process(_procs.publish_deduplicated, (backend.url, at, keys, barrier, out))
         for _ in range(2)
     ]
     for proc in procs:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 from datetime import date, datetime, timedelta, timezone
 from typing import Any
 
@@ -11,7 +10,7 @@ import pytest
 import novaque
 from novaque import Counters
 from novaque.testing import FakeClock
-from tests import _procs
+from tests import _preloaded, _procs
 from tests.conftest import Backend
 
 pytestmark = pytest.mark.usefixtures("twin")
@@ -103,11 +102,11 @@ def test_two_processes_flushing_one_bucket_lose_no_increment(backend: Backend) -
     setup = backend.client()
     setup.ensure_channel("race", "c")
     at = datetime(2030, 6, 1, 12, tzinfo=timezone.utc).isoformat()
-    ctx = multiprocessing.get_context("spawn")
+    ctx = _preloaded.context
     barrier, out = ctx.Barrier(2), ctx.Queue()
     plan = [(40, 15), (30, 25)]  # (published, acked) per process
     procs = [
-        ctx.Process(target=_procs.publish_and_flush, args=(backend.url, at, n, k, barrier, out))
+        _preloaded.process(_procs.publish_and_flush, (backend.url, at, n, k, barrier, out))
         for n, k in plan
     ]
     for proc in procs:
