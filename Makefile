@@ -9,10 +9,10 @@ PYTEST_ARGS ?=
 LINTED := $(wildcard novaque tests migrations benchmarks)
 
 .DEFAULT_GOAL := help
-.PHONY: help test lint demo bench clean
+.PHONY: help test test-clean lint demo bench clean
 
 help: ## list the targets
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +21,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP) ## run the suite (PostgreSQL/MySQL too when NOVAQUE_TEST_*_URL are set)
-	$(BIN)/pytest -n 2 -m "not serial" $(PYTEST_ARGS)
-	$(BIN)/pytest -m serial $(PYTEST_ARGS) || [ $$? -eq 5 ]  # 5: nothing selected
+	$(BIN)/pytest -n 2 --dist worksteal $(PYTEST_ARGS)
+
+test-clean: $(STAMP) ## drop the servers' test databases of runs that no longer run
+	$(BIN)/python -m tests._testdb
 
 lint: $(STAMP) ## ruff, mypy --strict, and the layering contracts (import-linter)
 	$(BIN)/ruff check $(LINTED)

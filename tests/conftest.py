@@ -38,7 +38,7 @@ import sqlalchemy as sa
 import novaque
 from novaque import _core, schema
 from novaque.testing import FakeClock
-from tests import _preloaded, _twin
+from tests import _preloaded, _serial, _testdb, _twin
 
 BACKENDS = ("sqlite", "postgres", "mysql")
 ENV = {"postgres": "NOVAQUE_TEST_POSTGRES_URL", "mysql": "NOVAQUE_TEST_MYSQL_URL"}
@@ -63,6 +63,11 @@ def skip_reason(name: str) -> str:
         "NOVAQUE_TEST_*_URL unset with a running Docker engine and testcontainers starts "
         "PostgreSQL and MariaDB"
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Tests marked ``serial`` run alone (tests/_serial.py)."""
+    config.pluginmanager.register(_serial.SerialTests(ENV), "novaque-serial-tests")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -177,23 +182,8 @@ class Backend:
 
 
 def _create_database(name: str, server_url: str) -> tuple[str, Callable[[], None]]:
-    db = f"novaque_t_{secrets.token_hex(5)}"
-    server = sa.make_url(server_url)
-    # No pool: a connection kept from session start would not survive a server restart.
-    admin = sa.create_engine(server, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
-    quote = '"' if name == "postgres" else "`"
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"CREATE DATABASE {quote}{db}{quote}")
-
-    def drop() -> None:
-        with admin.connect() as conn:
-            if name == "postgres":
-                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-            else:
-                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{db}`")
-        admin.dispose()
-
-    return server.set(database=db).render_as_string(hide_password=False), drop
+    """A new database of the server, named for this process (tests/_testdb.py)."""
+    return _testdb.create(name, server_url)
 
 
 def _docker_available() -> bool:

@@ -271,10 +271,10 @@ def test_consumer_resumes_after_its_connections_are_dropped(
         assert "Exception during reset" in caplog.text, signals
 
 
-@pytest.mark.serial
+@pytest.mark.serial  # alone: every other test of the session waits (tests/_serial.py)
 @pytest.mark.skipif(
     not os.environ.get("NOVAQUE_TEST_PG_RESTART"),
-    reason="set NOVAQUE_TEST_PG_RESTART=1 to restart the shared PostgreSQL server",
+    reason="set NOVAQUE_TEST_PG_RESTART=1 to restart the shared PostgreSQL server (CI does)",
 )
 @pytest.mark.parametrize("backend", ["postgres"], indirect=True)
 def test_consumer_resumes_after_a_postgres_restart(backend: Backend) -> None:
