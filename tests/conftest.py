@@ -181,7 +181,9 @@ class Backend:
         (25 ms on MariaDB). Its connection is checked before each use: a test
         may have ended it (sessions killed, a server restarted)."""
         if self._cleaner is None:
-            self._cleaner = sa.create_engine(self.url, pool_pre_ping=True, pool_size=1)
+            self._cleaner = sa.create_engine(
+                self.url, pool_pre_ping=True, pool_size=1, connect_args=self.connect_args
+            )
         with self._cleaner.begin() as conn:
             for table in reversed(schema.metadata.sorted_tables):
                 conn.execute(table.delete())
