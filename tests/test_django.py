@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 import novaque
 from novaque import _migrate
+from novaque.schema import channels, deliveries
 from tests import _preloaded
 from tests.conftest import Backend
 
@@ -135,6 +136,7 @@ def test_run_command_consumes_until_sigterm(project: Project) -> None:
         engine = project.engine()
         deadline = time.monotonic() + 60
         mails: list[tuple[int, int]] = []
+        audited = False
         while time.monotonic() < deadline and proc.poll() is None:
             with engine.connect() as conn:
                 mails = sorted(
@@ -143,7 +145,13 @@ def test_run_command_consumes_until_sigterm(project: Project) -> None:
                         "SELECT order_number, message_id FROM shop_mail"
                     )
                 )
-            if len(mails) == 2:
+                # The audit consumer's deliveries too: it may start after the mailer.
+                audited = not conn.execute(
+                    sa.select(deliveries.c.id)
+                    .join(channels, channels.c.id == deliveries.c.channel_id)
+                    .where(channels.c.name == "audit")
+                ).first()
+            if len(mails) == 2 and audited:
                 break
             time.sleep(0.1)  # polling another process, not waiting for time to pass
         assert proc.poll() is None, proc.communicate(timeout=60)
