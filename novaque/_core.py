@@ -16,7 +16,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
 
 import sqlalchemy as sa
 
@@ -25,6 +25,7 @@ from novaque._executor import SyncExecutor
 from novaque._stats import MINUTE_US, MINUTES_KEPT_US, StatsBuffer
 from novaque._time import US, Clock, day_of, from_us
 from novaque._waits import THREADS, Waits
+from novaque.dialects.params import ClaimParams, Link
 from novaque.errors import (
     InvalidOption,
     LeaseLost,
@@ -166,8 +167,6 @@ class CoreClient:
         #: evaluated before the next one's transaction (a hint: the
         #: transaction reads them again, see _publish_evaluated).
         self._topic_filters: dict[str, frozenset[str]] = {}
-        #: The operations with a driver path on this engine (set at first use).
-        self._driver_ops: frozenset[str] | None = None
         self._wake_lock = threading.Lock()
         self._wakers: dict[str, list[Callable[[], None]]] = {}
         self._default_ttl = seconds(self.options.default_ttl, "Options.default_ttl")
@@ -265,11 +264,14 @@ class CoreClient:
     def _run(self, fn: Callable[[sa.Connection], T], *, op: str = "") -> T:
         """Run ``fn`` in one of novaque's transactions.
 
-        ``op`` names the hot-path operation ``fn`` performs; where the dialect
-        does it in one statement, the transaction costs one round trip.
+        ``op`` names the hot operation ``fn`` performs: where the dialect
+        does it in one statement, the transaction costs one round trip, and
+        where the dialect writes it for the driver, ``fn`` (an operation of
+        :mod:`novaque.ops` that takes a link) is handed a
+        :class:`~novaque.dialects.params.Driver` (:meth:`SyncExecutor.run`).
         """
         self._ready()
-        return self._executor.run(fn, one_statement=op in self._dialect.one_statement_ops)
+        return self._executor.run(cast("Callable[[Link], T]", fn), op=op)
 
     def _run_op(
         self,
@@ -559,31 +561,15 @@ class CoreClient:
             and publish_op.one_statement(params["bodies"], params["dedup_keys"])
         )
         try:
-            done = None
-            # The driver path: one message without a group.
+            # One message without a group: the dialect may write it in the
+            # driver's SQL (the executor's choice), with the topic's plan.
             single = len(params["bodies"]) == 1 and params["groups"][0] is None
-            if one and single and self._on_driver("publish"):
-                assert topic_id is not None
-                done = self._executor.run_driver(
-                    functools.partial(
-                        publish_op.publish_one,
-                        self._dialect,
-                        self._now,
-                        topic,
-                        topic_id,
-                        params,
-                        self._plans.get(topic),
-                    )
-                )
-                if done is None:  # routed channels after all: nothing was written
-                    self._routed_topics.add(topic)
-                    one = False
-                elif done.plan is not None:
-                    self._plans[topic] = done.plan
-            if done is None:
-                done = self._publish_evaluated(
-                    "publish" if one else "", topic, params, topic_id=topic_id, routed=not one
-                )
+            op = ("publish_one" if single else "publish") if one else ""
+            done = self._publish_evaluated(
+                op, topic, params, topic_id=topic_id, routed=not one, plan=self._plans.get(topic)
+            )
+            if done.plan is not None:
+                self._plans[topic] = done.plan
             if done.declined:  # routed channels after all: nothing was written
                 self._routed_topics.add(topic)
                 done = self._publish_evaluated("", topic, params, topic_id=topic_id)
@@ -645,15 +631,6 @@ class CoreClient:
             self._topic_filters[topic] = done.filters
         elif done.filters is not None:
             self._topic_filters.pop(topic, None)
-
-    def _on_driver(self, op: str) -> bool:
-        """Whether operation ``op`` takes the driver path
-        (:meth:`~novaque._executor.SyncExecutor.run_driver`) on this engine."""
-        self._ready()  # as _run does before each transaction
-        ops = self._driver_ops
-        if ops is None:
-            ops = self._driver_ops = self._dialect.driver_ops(self._executor.engine.dialect)
-        return op in ops and self._executor.driver_path()
 
     def _apply(self, effects: Effects) -> None:
         """After a transaction committed: what its operation left to do."""
@@ -922,34 +899,12 @@ class CoreClient:
         """Claim with ``lease_s``; with ``channel_lease`` the channel's own lease,
         when it has one, replaces it (``attempt_id``: see :meth:`claim`)."""
         token = secrets.token_hex(16)
-        lease_us = microseconds(lease_s)
-        if attempt_id is None and self._on_driver("claim"):
-            rows, now, effects = self._executor.run_driver(
-                functools.partial(
-                    consume.claim_driver,
-                    self._dialect,
-                    self._now,
-                    channel_id,
-                    limit,
-                    lease_us,
-                    token,
-                    channel_lease,
-                )
-            )
-            return self._handed_out(topic, channel, channel_id, token, rows, now, effects)
-        return self._hand_out(
-            topic,
-            channel,
-            channel_id,
-            token,
-            "claim" if attempt_id is None else "",
-            consume.claim,
-            limit,
-            lease_us,
-            token,
-            channel_lease,
-            attempt_id,
+        claim = ClaimParams(
+            channel_id, limit, microseconds(lease_s), token, channel_lease, attempt_id
         )
+        op = "claim" if attempt_id is None else ""
+        rows, now, effects = self._run_timed(op, consume.claim, claim)
+        return self._handed_out(topic, channel, channel_id, token, rows, now, effects)
 
     def _hand_out(
         self,
@@ -1107,15 +1062,9 @@ class CoreClient:
         if limit <= 0:
             return self.ack_many(acks), []
         token = secrets.token_hex(16)
-        args = (acks, channel_id, limit, microseconds(lease_s), token, channel_lease)
-        ordered = consume.ordered(acks)
-        if self._on_driver("ack_ordered_claim" if ordered else "ack_claim"):
-            lost, rows, now, effects = self._executor.run_driver(
-                functools.partial(consume.ack_and_claim_driver, self._dialect, self._now, *args)
-            )
-        else:
-            op = "" if ordered else "ack_claim"
-            lost, rows, now, effects = self._run_timed(op, consume.ack_and_claim, *args)
+        claim = ClaimParams(channel_id, limit, microseconds(lease_s), token, channel_lease)
+        op = "ack_ordered_claim" if consume.ordered(acks) else "ack_claim"
+        lost, rows, now, effects = self._run_timed(op, consume.ack_and_claim, acks, claim)
         self._apply(effects)
         if not rows:
             self._channel_maybe_gone(topic, channel)
