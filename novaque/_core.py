@@ -23,6 +23,9 @@ import sqlalchemy as sa
 from novaque import _hooks, _migrate, _validate, dialects
 from novaque._executor import SyncExecutor
 from novaque._stats import MINUTE_US, MINUTES_KEPT_US, StatsBuffer
+from novaque._tables import (
+    deliveries,
+)
 from novaque._time import US, Clock, day_of, from_us
 from novaque._waits import THREADS, Waits
 from novaque.dialects.params import ClaimParams, Link
@@ -35,9 +38,6 @@ from novaque.models import ChannelSettings, Message
 from novaque.ops import Batch, Effects, consume, maintain, presence, topology
 from novaque.ops import publish as publish_op
 from novaque.options import Duration, Options, check_int, microseconds, seconds
-from novaque.schema import (
-    deliveries,
-)
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session

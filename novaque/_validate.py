@@ -10,6 +10,7 @@ from datetime import date, datetime
 from typing import Any
 
 from novaque import _filters
+from novaque._tables import ORDERINGS
 from novaque._waits import THREADS, Waits
 from novaque.errors import InvalidName, InvalidOption, MessageTooLarge
 from novaque.options import (
@@ -24,7 +25,6 @@ from novaque.options import (
     microseconds,
     seconds,
 )
-from novaque.schema import ORDERINGS
 
 _NAME = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 

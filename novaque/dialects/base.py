@@ -23,15 +23,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
-from novaque.dialects.params import (
-    AckClaimParams,
-    ClaimParams,
-    Link,
-    Plain,
-    PublishParams,
-)
-from novaque.errors import UnsupportedDatabase
-from novaque.schema import (
+from novaque._tables import (
     COUNTER_COLUMNS,
     STATE_LEASED,
     STATE_READY,
@@ -41,6 +33,14 @@ from novaque.schema import (
     messages,
     stats,
 )
+from novaque.dialects.params import (
+    AckClaimParams,
+    ClaimParams,
+    Link,
+    Plain,
+    PublishParams,
+)
+from novaque.errors import UnsupportedDatabase
 
 T = TypeVar("T")
 #: A SELECT of any columns (its type kept through a locking clause added).

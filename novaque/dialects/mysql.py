@@ -12,6 +12,15 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql as mysql_dialect
 from sqlalchemy.exc import DBAPIError
 
+from novaque._tables import (
+    COUNTER_COLUMNS,
+    STATE_LEASED,
+    STATE_READY,
+    channels,
+    exact_key_text,
+    groups,
+    stats,
+)
 from novaque.dialects.base import (
     DECLINED,
     PLAIN_CHANNEL_SQL,
@@ -39,15 +48,6 @@ from novaque.dialects.base import (
 from novaque.dialects.params import AckClaimParams, ClaimParams, Driver, Link, Plain, PublishParams
 from novaque.dialects.watch import MySQLWatcher
 from novaque.errors import UnsupportedDatabase
-from novaque.schema import (
-    COUNTER_COLUMNS,
-    STATE_LEASED,
-    STATE_READY,
-    channels,
-    exact_key_text,
-    groups,
-    stats,
-)
 
 MIGRATION_LOCK_NAME = "novaque_migrate"
 

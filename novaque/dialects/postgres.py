@@ -12,6 +12,7 @@ from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.util import await_only
 
+from novaque._tables import PARKED_OFFSET, STATE_LEASED, STATE_READY, channels, groups, topics
 from novaque.dialects.base import (
     DECLINED,
     NOTIFY_CHANNEL,
@@ -37,7 +38,6 @@ from novaque.dialects.params import (
     PublishParams,
 )
 from novaque.errors import TopicGone
-from novaque.schema import PARKED_OFFSET, STATE_LEASED, STATE_READY, channels, groups, topics
 
 MIGRATION_LOCK_KEY = 0x6E6F7661717565  # "novaque"
 

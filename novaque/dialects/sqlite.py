@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import DBAPIError
 
+from novaque._tables import STATE_READY, channels
 from novaque.dialects.base import (
     PLAIN_CHANNEL_SQL,
     ClaimedRow,
@@ -38,7 +39,6 @@ from novaque.dialects.base import (
 from novaque.dialects.params import AckClaimParams, ClaimParams, Driver, Link, Plain, PublishParams
 from novaque.dialects.watch import SQLiteWatcher
 from novaque.errors import UnsupportedDatabase
-from novaque.schema import STATE_READY, channels
 
 #: SQLite's driver (the sqlite3 module), for the driver path's statements.
 _PYSQLITE = sqlite_dialect.pysqlite.dialect()

@@ -16,13 +16,7 @@ import sqlalchemy as sa
 
 from novaque import _validate, dialects
 from novaque._stats import Tally
-from novaque._time import from_us
-from novaque.dialects.base import core
-from novaque.dialects.params import AckClaimParams, ClaimParams, Link
-from novaque.models import Message
-from novaque.ops import Effects, _groups
-from novaque.ops._sql import dead_values
-from novaque.schema import (
+from novaque._tables import (
     DEFERRED_VISIBLE_AT,
     STATE_DEFERRED,
     STATE_LEASED,
@@ -31,6 +25,12 @@ from novaque.schema import (
     deliveries,
     messages,
 )
+from novaque._time import from_us
+from novaque.dialects.base import core
+from novaque.dialects.params import AckClaimParams, ClaimParams, Link
+from novaque.models import Message
+from novaque.ops import Effects, _groups
+from novaque.ops._sql import dead_values
 
 d = deliveries
 

@@ -11,13 +11,7 @@ import sqlalchemy as sa
 
 from novaque import _filters, _validate, dialects
 from novaque._stats import MINUTE_US, Tally
-from novaque.dialects.base import core, plain_channel
-from novaque.dialects.params import Link, PublishParams
-from novaque.errors import DedupConflict, TopicGone
-from novaque.ops import Effects, _groups
-from novaque.ops.maintain import stats_rows
-from novaque.ops.topology import topic_id_in
-from novaque.schema import (
+from novaque._tables import (
     ORDERINGS,
     PARKED_OFFSET,
     STATE_READY,
@@ -28,6 +22,12 @@ from novaque.schema import (
     messages,
     minute_stats,
 )
+from novaque.dialects.base import core, plain_channel
+from novaque.dialects.params import Link, PublishParams
+from novaque.errors import DedupConflict, TopicGone
+from novaque.ops import Effects, _groups
+from novaque.ops.maintain import stats_rows
+from novaque.ops.topology import topic_id_in
 
 #: Largest batch of bodies sent in one INSERT. PyMySQL sends bodies escaped
 #: into the statement text (up to twice their size), and MariaDB's default
