@@ -33,8 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from novaque import _validate
+from novaque._consumers_online import Presence
 from novaque._core import CoreClient
-from novaque._presence import Presence
 from novaque._signals import Signals
 from novaque._waits import Event, Runner, jittered
 from novaque.consumer import Consumer, Handler, RetryDelay
