@@ -211,6 +211,13 @@ def leasing(pick: sa.Select[Any]) -> sa.Update:
     )
 
 
+#: The message fields of each delivery a statement reads, as primary-key
+#: subqueries (RETURNING cannot join), named as a claimed row's.
+message_columns = tuple(
+    sa.select(col).where(m.c.id == d.c.message_id).correlate(d).scalar_subquery().label(col.name)
+    for col in (m.c.body, m.c.headers, m.c.published_at, m.c.group_key)
+)
+
 _claim_update_returning = leasing(_claim_ids)
 #: Receive-and-delete: the due deliveries the claim would lease, deleted, each
 #: returned with its message's fields (primary-key subqueries: RETURNING
@@ -223,14 +230,7 @@ _pop_delete_returning = (
         d.c.message_id,
         (d.c.attempts + 1).label("attempts"),
         d.c.max_attempts,
-        *(
-            sa.select(col)
-            .where(m.c.id == d.c.message_id)
-            .correlate(d)
-            .scalar_subquery()
-            .label(col.name)
-            for col in (m.c.body, m.c.headers, m.c.published_at, m.c.group_key)
-        ),
+        *message_columns,
         d.c.group_key.label("order_key"),
     )
 )

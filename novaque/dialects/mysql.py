@@ -41,6 +41,7 @@ from novaque.dialects.base import (
     insert_message_sql,
     m,
     mappings,
+    message_columns,
     message_values,
     named,
     plain_channel,
@@ -372,14 +373,7 @@ class MySQLDialect(Dialect):
             d.c.message_id,
             d.c.attempts,
             d.c.max_attempts,
-            *(
-                sa.select(col)
-                .where(m.c.id == d.c.message_id)
-                .correlate(d)
-                .scalar_subquery()
-                .label(col.name)
-                for col in (m.c.body, m.c.headers, m.c.published_at, m.c.group_key)
-            ),
+            *message_columns,
             _channel_lease.label("channel_lease"),
             sa.select(channels.c.paused)
             .where(channels.c.id == sa.bindparam("p_channel"))

@@ -33,6 +33,7 @@ from novaque.dialects.base import (
     insert_message_sql,
     m,
     mappings,
+    message_columns,
     named,
     publish_one_committed,
 )
@@ -117,14 +118,7 @@ class SQLiteDialect(Dialect):
             d.c.message_id,
             d.c.attempts,
             d.c.max_attempts,
-            *(
-                sa.select(col)
-                .where(m.c.id == d.c.message_id)
-                .correlate(d)
-                .scalar_subquery()
-                .label(col.name)
-                for col in (m.c.body, m.c.headers, m.c.published_at, m.c.group_key)
-            ),
+            *message_columns,
             d.c.visible_at.label("until"),
             _channel_lease.label("channel_lease"),
             d.c.group_key.label("order_key"),
