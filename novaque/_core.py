@@ -191,7 +191,7 @@ class CoreClient:
     def migrate(self, to: str = "head") -> None:
         """Apply novaque's migrations up to ``to`` (Alembic ``upgrade``).
 
-        Checks the database version floor first (:class:`UnsupportedDatabase`).
+        Checks the database version floor first (:class:`~novaque.UnsupportedDatabase`).
         Running it again is a no-op.
         """
         if _migrate.is_head(to):
@@ -750,7 +750,7 @@ class CoreClient:
           ``topic`` that a message must satisfy to be delivered to the channel
           (``""`` removes it); compiled and checked here (its types, its
           depth, and its cost: at most 20,000 evaluation steps), raising
-          :class:`InvalidFilter` (and storing nothing) for a bad one;
+          :class:`~novaque.InvalidFilter` (and storing nothing) for a bad one;
         - ``lease``: of claims and consumers on the channel that name none;
         - ``max_attempts``: the budget of every delivery created in the channel
           from then on, whatever the publish said;
@@ -830,7 +830,7 @@ class CoreClient:
         return self._run_op("", topology.list_topics)
 
     def list_channels(self, topic: str) -> list[str]:
-        """The channel names of ``topic``, sorted; :class:`TopicNotFound` if missing."""
+        """The channel names of ``topic``, sorted; :class:`~novaque.TopicNotFound` if missing."""
         _validate.name(topic, "topic")
         return self._run_op("", topology.list_channels, topic)
 
@@ -972,7 +972,7 @@ class CoreClient:
         At-most-once: a message popped is gone from the channel even if the
         caller then fails. Counted ``claimed`` and ``acked``; each message's
         ``attempts`` counts this one. The messages carry no lease
-        (``lease_token == ""``): settling one raises :class:`LeaseLost`.
+        (``lease_token == ""``): settling one raises :class:`~novaque.LeaseLost`.
         Ordering applies (a popped head lets its group's next delivery go, as
         an ack does), and a paused channel gives ``[]``. ``wait``: as for
         :meth:`claim`.
@@ -1074,7 +1074,7 @@ class CoreClient:
     def ack(self, msg: Message) -> None:
         """Settle ``msg`` as done: its delivery is deleted (the message stays until TTL).
 
-        Raises :class:`LeaseLost` if the lease is no longer current.
+        Raises :class:`~novaque.LeaseLost` if the lease is no longer current.
         """
         if self.ack_many([msg]):
             raise LeaseLost(_lost_text(msg))
@@ -1101,11 +1101,11 @@ class CoreClient:
         at once. ``error`` (text or exception) is kept as the delivery's last
         error (at most 4000 characters; NUL and lone surrogates replaced by
         U+FFFD). After the last allowed attempt the delivery becomes dead at
-        once (reason ``max_attempts``). Raises :class:`LeaseLost` if the lease
+        once (reason ``max_attempts``). Raises :class:`~novaque.LeaseLost` if the lease
         is no longer current.
 
         A positive ``delay`` that would make the retry due only at or after
-        the message's expiry (its TTL) raises :class:`InvalidOption` and
+        the message's expiry (its TTL) raises :class:`~novaque.InvalidOption` and
         changes nothing: the message would be purged before the retry. A delay
         from the backoff policy (``delay=None``, as the consumer retries) is
         not refused: if it reaches past the expiry, the delivery is purged at
@@ -1142,8 +1142,8 @@ class CoreClient:
         delivery of the group with a lower delivery id came back while it was
         leased (a requeued dead letter): it then waits behind that one. A positive
         ``delay`` that would make it due only at or after the message's
-        expiry raises :class:`InvalidOption` and changes nothing, as for
-        :meth:`requeue`. Raises :class:`LeaseLost` if the lease is no longer
+        expiry raises :class:`~novaque.InvalidOption` and changes nothing, as for
+        :meth:`requeue`. Raises :class:`~novaque.LeaseLost` if the lease is no longer
         current.
         """
         delay_s = _validate.retry_delay(delay)
@@ -1203,7 +1203,7 @@ class CoreClient:
         TTL purges it, or until :meth:`claim_deferred` names its
         ``msg.delivery_id``. Its attempt stays counted; nothing else is
         counted (the delivery is still live). On an ordered channel the
-        group's next delivery goes on at once. Raises :class:`LeaseLost` if
+        group's next delivery goes on at once. Raises :class:`~novaque.LeaseLost` if
         the lease is no longer current.
         """
         self._leave(msg, consume.defer)
@@ -1231,7 +1231,7 @@ class CoreClient:
         ``lease`` setting as the claim read it, else ``Options.default_lease``).
 
         Keeps the token, updates ``msg.lease_expires_at`` and returns the new
-        expiry. Raises :class:`LeaseLost` if the lease is no longer current.
+        expiry. Raises :class:`~novaque.LeaseLost` if the lease is no longer current.
         """
         if lease is None and msg.channel_lease_us is not None:
             lease_s = msg.channel_lease_us / US
@@ -1253,7 +1253,7 @@ class CoreClient:
         For a consumer of its own that claimed more than it will handle (a
         prefetch buffer given back at shutdown): the deliveries are due again
         at once and their ``attempts`` are as before the claim. Messages whose
-        lease is no longer current are left alone (no :class:`LeaseLost`);
+        lease is no longer current are left alone (no :class:`~novaque.LeaseLost`);
         returns how many were released. Use :meth:`requeue` for a message
         that was worked on. On an ordered channel a released head waits, as
         after :meth:`requeue`, behind a delivery of its group with a lower
@@ -1303,7 +1303,7 @@ class CoreClient:
         """Release deliveries whose lease expired; dead-letter those out of attempts.
 
         Returns how many deliveries it changed. Tokens of reaped leases stop
-        working (:class:`LeaseLost`).
+        working (:class:`~novaque.LeaseLost`).
         """
         changed = self._in_batches(maintain.reap_batch, self.options.maintenance_batch)
         if changed:
@@ -1395,7 +1395,7 @@ def _check_repeated_keys(
     keys: Sequence[str | None], bodies: Sequence[bytes], groups: Sequence[str | None]
 ) -> None:
     """A dedup key given twice in one call must name one message: the same body
-    and group (the headers are the call's), else :class:`InvalidOption`."""
+    and group (the headers are the call's), else :class:`~novaque.InvalidOption`."""
     first: dict[str, int] = {}
     for i, key in enumerate(keys):
         if key is None:
