@@ -140,10 +140,13 @@ class CoreClient:
                     else "not an asyncio one: novaque.aio.AsyncClient needs one"
                 )
             )
+        #: The client's :class:`~novaque.Options` (the defaults when none were given).
         self.options = options if options is not None else Options()
         if not isinstance(self.options, Options):
             raise TypeError(f"options must be novaque.Options, got {type(options).__name__}")
+        #: The application's engine, as given (or made by :func:`~novaque.connect`).
         self.engine = engine
+        #: The logger novaque logs to (``Options.logger``).
         self.log = self.options.logger
         self._dialect = dialects.for_engine(engine)
         self._executor = self._new_executor(dialects.own_engine(engine))

@@ -125,7 +125,9 @@ class AsyncClient:
         #: The application's engine.
         self.engine = engine
         self._core = _Core(engine.sync_engine, options)
+        #: The client's :class:`~novaque.Options` (the defaults when none were given).
         self.options = self._core.options
+        #: The logger novaque logs to (``Options.logger``).
         self.log = self._core.log
 
     def __repr__(self) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import io
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,7 +122,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
         )
         app.build()
     assert app.statuscode == 0, told.getvalue()
-    return Reference(app, told.getvalue())
+    return Reference(app, re.sub(r"\x1b\[[0-9;]*m", "", told.getvalue()))  # no colours
 
 
 def test_the_site_builds_without_a_warning(reference: Reference) -> None:
