@@ -1,4 +1,4 @@
-"""The code in README.md and docs/guide.md runs as written.
+"""The code in README.md, docs/guide.md and docs/quickstart.md runs as written.
 
 Blocks without a marker run in order, in one namespace, on SQLite in a fresh
 folder. ``# backend: postgres`` / ``# backend: mysql`` blocks run against the
@@ -6,6 +6,11 @@ test server (the example URL swapped for the server's). ``# file: NAME``
 blocks are files that a test builds a project around (``# file: env.py``:
 tests/test_alembic_app.py; the pytest project of "Testing your handlers":
 test_testing_example_is_a_passing_pytest_project below).
+
+docs/quickstart.md is run by tests/test_quickstart.py, path by path, with
+its shell commands: there ``# file: NAME`` blocks are written to NAME, and
+``# append: NAME`` blocks are added at the end of NAME, a file that an
+earlier command of the page made (Django's settings).
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ from tests.conftest import Backend, run_pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"```python\n(.*?)```", re.S)
-EXAMPLE_URL = re.compile(
-    r'"(postgresql\+psycopg|mysql\+pymysql)://app:secret@localhost(:\d+)?/app"'
-)
+#: The docs' example server database: ``app`` on localhost, user ``app``, password ``secret``.
+EXAMPLE = r"(postgresql\+psycopg|mysql\+pymysql)://app:secret@localhost(:\d+)?/app"
+EXAMPLE_URL = re.compile(f'"{EXAMPLE}"')
 #: The guide's multi-host URL (PostgreSQL failover), two string literals.
 MULTI_HOST_URL = re.compile(
     r'"postgresql\+psycopg://app:secret@/app"\s*'
