@@ -1,11 +1,12 @@
-"""The code in README.md, docs/guide.md and docs/quickstart.md runs as written.
+"""The code in README.md and docs/ runs as written, and the docs hold together.
 
-Blocks without a marker run in order, in one namespace, on SQLite in a fresh
-folder. ``# backend: postgres`` / ``# backend: mysql`` blocks run against the
-test server (the example URL swapped for the server's). ``# file: NAME``
-blocks are files that a test builds a project around (``# file: env.py``:
-tests/test_alembic_app.py; the pytest project of "Testing your handlers":
-test_testing_example_is_a_passing_pytest_project below).
+Each page's Python blocks without a marker run in order, in one namespace of
+their own (a page runs on its own, as a reader would run it), on SQLite in a
+fresh folder, twice. ``# backend: postgres`` / ``# backend: mysql`` blocks run
+against the test server (the example URL swapped for the server's). ``# file:
+NAME`` blocks are files that a test builds a project around (FILE_BLOCKS says
+which test). A ``# prints: TEXT`` comment is checked against what the block
+printed.
 
 docs/quickstart.md is run by tests/test_quickstart.py, path by path, with
 its shell commands: there ``# file: NAME`` blocks are written to NAME, and
@@ -15,6 +16,8 @@ earlier command of the page made (Django's settings).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import sys
 from pathlib import Path
@@ -30,30 +33,80 @@ BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 #: The docs' example server database: ``app`` on localhost, user ``app``, password ``secret``.
 EXAMPLE = r"(postgresql\+psycopg|mysql\+pymysql)://app:secret@localhost(:\d+)?/app"
 EXAMPLE_URL = re.compile(f'"{EXAMPLE}"')
-#: The guide's multi-host URL (PostgreSQL failover), two string literals.
+#: The multi-host URL of docs/how-to/failover.md, two string literals.
 MULTI_HOST_URL = re.compile(
     r'"postgresql\+psycopg://app:secret@/app"\s*'
     r'"\?host=db1\.internal,db2\.internal&port=5432,5432&target_session_attrs=read-write"'
 )
+#: ``# prints: TEXT``: a line the code prints (``...`` stands for any text).
+PRINTS = re.compile(r"#\s*prints:\s*(.+?)\s*$", re.M)
+BACKEND_MARKERS = {"backend: postgres", "backend: mysql"}
+#: Every ``# file: NAME`` block of the docs, and the test that builds a
+#: project around it (each reads it with :func:`doc_file`).
+FILE_BLOCKS = {
+    "env.py": "tests/test_alembic_app.py",
+    "orders.py": "tests/test_docs.py",
+    "test_orders.py": "tests/test_docs.py",
+    "worker.py": "tests/test_guide_consumers.py",
+    "tasks.py": "tests/test_kombu.py",
+    "send.py": "tests/test_kombu.py",
+    "mysite/settings.py": "tests/test_django.py",
+    "shop/models.py": "tests/test_django.py",
+    "shop/orders.py": "tests/test_django.py",
+    "shop/handlers.py": "tests/test_django.py",
+}
+#: Pages whose Python blocks run elsewhere, and how.
+RUN_ELSEWHERE = {
+    "docs/admin.md": "its mounting recipes need Flask, Django or FastAPI and a "
+    "server: tests/test_admin_mount.py runs the same code in each framework",
+}
 
 
-def multi_host(url: str) -> str:
-    """The multi-host form of ``url``: a first host that refuses connections,
-    then ``url``'s server, the one that takes writes."""
-    parsed = sa.make_url(url)
-    return (
-        f"{parsed.drivername}://{parsed.username}@/{parsed.database}?host=127.0.0.1,"
-        f"{parsed.host}&port=1,{parsed.port or 5432}&target_session_attrs=read-write"
-    )
+def doc_pages() -> list[str]:
+    """README.md and every page under docs/, as paths relative to the root."""
+    pages = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))
+    return ["README.md", *pages]
 
 
 def blocks(doc: str) -> list[str]:
     return BLOCK.findall((ROOT / doc).read_text())
 
 
+def fenced(lang: str) -> list[str]:
+    """Every ``lang`` block of the docs, page by page."""
+    pattern = re.compile(rf"```{lang}\n(.*?)```", re.S)
+    return [b for doc in doc_pages() for b in pattern.findall((ROOT / doc).read_text())]
+
+
 def marker(block: str) -> str:
     first = block.splitlines()[0]
     return first[2:].strip() if first.startswith("# ") and ":" in first else ""
+
+
+def doc_file(name: str) -> str:
+    """The ``# file: NAME`` block of the docs (there is exactly one)."""
+    (block,) = [b for doc in doc_pages() for b in blocks(doc) if marker(b) == f"file: {name}"]
+    return block
+
+
+def run_pages() -> list[str]:
+    """The pages with blocks to run on SQLite."""
+    return [
+        doc
+        for doc in doc_pages()
+        if doc not in RUN_ELSEWHERE and any(not marker(b) for b in blocks(doc))
+    ]
+
+
+def check_prints(block: str, printed: str, name: str) -> None:
+    """Each ``# prints:`` line of ``block`` matches a line of ``printed``, in order."""
+    lines = printed.splitlines()
+    start = 0
+    for expected in PRINTS.findall(block):
+        pattern = re.compile(".*".join(re.escape(part) for part in expected.split("...")))
+        found = next((i for i in range(start, len(lines)) if pattern.fullmatch(lines[i])), None)
+        assert found is not None, f"{name}: printed no line {expected!r}, but {lines[start:]}"
+        start = found + 1
 
 
 def run_sqlite_examples(doc: str, run: int) -> None:
@@ -64,7 +117,11 @@ def run_sqlite_examples(doc: str, run: int) -> None:
             if marker(block):
                 continue
             name = f"{doc} example {ran + 1} (run {run})"
-            exec(compile(block, name, "exec", dont_inherit=True), namespace)
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                exec(compile(block, name, "exec", dont_inherit=True), namespace)
+            sys.stdout.write(printed.getvalue())
+            check_prints(block, printed.getvalue(), name)
             ran += 1
     finally:
         for value in namespace.values():
@@ -81,7 +138,7 @@ def run_sqlite_examples(doc: str, run: int) -> None:
     assert ran >= 1
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/guide.md"])
+@pytest.mark.parametrize("doc", run_pages())
 def test_sqlite_examples_run_and_run_again(
     doc: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -95,27 +152,36 @@ def test_server_examples_run(backend: Backend) -> None:
     wanted = {"postgres": "backend: postgres", "mysql": "backend: mysql"}.get(backend.name)
     if wanted is None:
         return  # SQLite's examples run in test_sqlite_examples_run
-    examples = [b for b in blocks("docs/guide.md") if marker(b) == wanted]
-    assert examples, f"the guide shows no {backend.name} example"
-    for block in examples:
+    examples = [(doc, b) for doc in doc_pages() for b in blocks(doc) if marker(b) == wanted]
+    assert examples, f"the docs show no {backend.name} example"
+    for doc, block in examples:
         code = EXAMPLE_URL.sub(repr(backend.url), block)
         code = MULTI_HOST_URL.sub(repr(multi_host(backend.url)), code)
         namespace: dict[str, object] = {}
-        exec(compile(code, f"guide {backend.name} example", "exec", dont_inherit=True), namespace)
+        exec(compile(code, f"{doc} {backend.name} example", "exec", dont_inherit=True), namespace)
         client = namespace["client"]
         assert client.list_topics() == ["audit"]  # type: ignore[attr-defined]
         client.engine.dispose()  # type: ignore[attr-defined]
 
 
+def multi_host(url: str) -> str:
+    """The multi-host form of ``url``: a first host that refuses connections,
+    then ``url``'s server, the one that takes writes."""
+    parsed = sa.make_url(url)
+    return (
+        f"{parsed.drivername}://{parsed.username}@/{parsed.database}?host=127.0.0.1,"
+        f"{parsed.host}&port=1,{parsed.port or 5432}&target_session_attrs=read-write"
+    )
+
+
 def test_testing_example_is_a_passing_pytest_project(tmp_path: Path) -> None:
-    """The guide's pytest example, as a project of its own: novaque's plugin is
-    found through its entry point, and every test of the example passes."""
-    files = {marker(b).removeprefix("file: "): b for b in blocks("docs/guide.md")}
+    """The tutorial's pytest example, as a project of its own: novaque's plugin
+    is found through its entry point, and every test of the example passes."""
     for name in ("orders.py", "test_orders.py"):
-        (tmp_path / name).write_text(files[name])
+        (tmp_path / name).write_text(doc_file(name))
     done = run_pytest(tmp_path, "-W", "error")
     assert done.returncode == 0, done.stdout + done.stderr
-    tests = files["test_orders.py"].count("\ndef test_")
+    tests = doc_file("test_orders.py").count("\ndef test_")
     assert tests == 4
     assert f"{tests} passed" in done.stdout, done.stdout
 
