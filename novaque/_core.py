@@ -351,7 +351,7 @@ class CoreClient:
         :class:`~novaque.DedupConflict` (with the key and the first id) and
         writes nothing. ``group`` (1-200 characters) is the message's ordering key:
         a ``group_fifo`` channel hands out the messages of one group one at a
-        time, in order (see the guide, "Ordering and routing").
+        time, in order (see docs/how-to/ordering.md).
         """
         return self._publish(
             topic,

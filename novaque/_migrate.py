@@ -137,7 +137,7 @@ def _nested_alembic_safe() -> Iterator[None]:
 
     Alembic publishes the running environment as module globals of
     ``alembic.context`` and ``alembic.op`` and deletes them when a command
-    ends. Run from an application's ``env.py`` (see the guide), novaque's
+    ends. Run from an application's ``env.py`` (docs/how-to/migrations.md), novaque's
     command would delete the application's globals before its own command
     ends; keep a copy and put it back.
     """

@@ -38,8 +38,8 @@ __all__ = ["BACKLOG", "DEAD_PAGE", "Operations"]
 
 
 class Operations:
-    """Stats, backlog, dead letters, browsing, replay and prune (see the guide,
-    "Operating"): a part of :class:`novaque.Client`, which forwards its calls.
+    """Stats, backlog, dead letters, browsing, replay and prune (see the how-to
+    pages of docs/guide.md): a part of :class:`novaque.Client`, which forwards its calls.
 
     It works through the client's core (``core``: its transactions, clock and
     options) and adds dead-letter retention to the core's purge pass.

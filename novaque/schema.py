@@ -9,7 +9,7 @@ naive-datetime or fractional-second pitfalls.
 
 Applications with their own Alembic environment either add :data:`metadata`
 to their ``target_metadata`` or keep novaque's tables out of their
-autogenerate with :func:`include_object` (see the guide); their ``env.py``
+autogenerate with :func:`include_object` (see docs/how-to/migrations.md); their ``env.py``
 runs novaque's migrations with :func:`upgrade`, or lists
 :func:`version_location` in its ``version_locations``.
 """
@@ -114,7 +114,7 @@ def upgrade(target: sa.Connection | AlembicEnvironment, to: str = "head") -> Non
     import context``) after the application's own ``context.run_migrations()``,
     in the online and the offline branch alike: one ``alembic upgrade head``
     then brings both histories up to date, novaque's in its own version table
-    ``novaque_alembic_version`` (see the guide, "Alembic").
+    ``novaque_alembic_version`` (see docs/how-to/migrations.md).
 
     - Only an ``upgrade`` command runs novaque's migrations; ``revision
       --autogenerate``, ``current``, ``check``, ``stamp``, ``history`` and
@@ -138,6 +138,6 @@ def version_location() -> str:
     An application that runs novaque's migrations as the ``novaque`` branch
     of its own Alembic history lists it in its ``version_locations``; from an
     installed novaque the same folder is the package resource
-    ``novaque:migrations/versions`` (see the guide, "Alembic").
+    ``novaque:migrations/versions`` (see docs/how-to/migrations.md).
     """
     return str(Path(_migrate.script_location()) / "versions")
