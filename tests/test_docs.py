@@ -6,7 +6,12 @@ fresh folder, twice. ``# backend: postgres`` / ``# backend: mysql`` blocks run
 against the test server (the example URL swapped for the server's). ``# file:
 NAME`` blocks are files that a test builds a project around (FILE_BLOCKS says
 which test). A ``# prints: TEXT`` comment is checked against what the block
-printed.
+printed. No block is left out: test_every_python_block_is_run_by_a_test.
+
+The links of README.md and docs/ resolve, down to their #anchors (GitHub's);
+docs/reference.md lists every ``Options`` field with its default and every
+error class.
+
 
 docs/quickstart.md is run by tests/test_quickstart.py, path by path, with
 its shell commands: there ``# file: NAME`` blocks are written to NAME, and
@@ -17,15 +22,19 @@ earlier command of the page made (Django's settings).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
+import logging
 import re
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 import novaque
+import novaque.errors
 from tests.conftest import Backend, run_pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,6 +193,135 @@ def test_testing_example_is_a_passing_pytest_project(tmp_path: Path) -> None:
     tests = doc_file("test_orders.py").count("\ndef test_")
     assert tests == 4
     assert f"{tests} passed" in done.stdout, done.stdout
+
+
+def test_every_python_block_is_run_by_a_test() -> None:
+    """No example is only read: each block runs here on SQLite (no marker),
+    against a server (``# backend:``), or as a file of a project that the test
+    FILE_BLOCKS names builds."""
+    unrun = []
+    for doc in doc_pages():
+        for block in blocks(doc):
+            mark = marker(block)
+            where = f"{doc}: {block.splitlines()[0]!r}"
+            if doc in RUN_ELSEWHERE:
+                continue
+            if mark == "":
+                assert doc in run_pages()
+            elif mark.startswith("file: "):
+                if mark.removeprefix("file: ") not in FILE_BLOCKS:
+                    unrun.append(f"{where}: no test builds this file (FILE_BLOCKS)")
+            elif mark not in BACKEND_MARKERS:
+                unrun.append(f"{where}: an unknown marker")
+            if mark and PRINTS.search(block):
+                unrun.append(f"{where}: a '# prints:' comment in a block this file does not run")
+    assert unrun == []
+    for name, test in FILE_BLOCKS.items():
+        assert doc_file(name)  # exactly one block, found by the test below
+        assert f'"{name}"' in (ROOT / test).read_text(), f"{test} does not read {name}"
+    for doc in RUN_ELSEWHERE:
+        assert blocks(doc), f"{doc} has no Python block to run elsewhere"
+
+
+# -- links ------------------------------------------------------------------------------
+
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+CODE_SPAN = re.compile(r"``.+?``|`[^`]*`", re.S)
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.M)
+#: docs/ pages named in code and tests (docstrings, help texts, comments).
+DOC_PATH = re.compile(r"\bdocs/[\w./-]+\.md\b")
+
+
+def prose(text: str) -> str:
+    """Markdown without its code (fenced blocks, code spans)."""
+    return FENCE.sub("", text)
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors of ``page``: lower case, punctuation dropped
+    (``_`` and ``-`` kept), spaces to ``-``, ``-1``, ``-2``... for repeats."""
+    found: set[str] = set()
+    for heading in HEADING.findall(prose(page.read_text())):
+        text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link: its text
+        slug = re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+        unique, n = slug, 0
+        while unique in found:
+            n += 1
+            unique = f"{slug}-{n}"
+        found.add(unique)
+    return found
+
+
+def test_github_anchors_are_computed_as_github_does(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Title\n## MySQL (≥ 8.0.1) and MariaDB (≥ 10.6)\n## Defer: `defer` and "
+        "`claim_deferred`\n```python\n# not a heading\n```\n## Title\n## 6. Deploy\n"
+    )
+    assert anchors(page) == {
+        "title",
+        "mysql--801-and-mariadb--106",
+        "defer-defer-and-claim_deferred",
+        "title-1",
+        "6-deploy",
+    }
+
+
+def test_every_relative_link_and_anchor_resolves() -> None:
+    broken = []
+    for doc in doc_pages():
+        page = ROOT / doc
+        text = CODE_SPAN.sub("", prose(page.read_text()))
+        for target in LINK.findall(text):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists():
+                broken.append(f"{doc}: {target} (no such file)")
+            elif anchor and anchor not in anchors(linked):
+                broken.append(f"{doc}: {target} (no such heading)")
+    assert broken == []
+
+
+def test_docs_named_in_code_exist() -> None:
+    """Docstrings, help texts and tests that name a docs/ page name one that exists."""
+    missing = []
+    for top in ("novaque", "tests", "benchmarks"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            for name in DOC_PATH.findall(path.read_text()):
+                if not (ROOT / name).exists():
+                    missing.append(f"{path.relative_to(ROOT)}: {name}")
+    assert missing == []
+
+
+# -- the reference ----------------------------------------------------------------------
+
+
+def reference_section(title: str) -> str:
+    text = (ROOT / "docs" / "reference.md").read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def test_reference_lists_every_option_with_its_default() -> None:
+    rows = re.findall(r"^\| `(\w+)` \| `([^`]+)` \|", reference_section("Options"), re.M)
+    names = [name for name, _ in rows]
+    fields = [f.name for f in dataclasses.fields(novaque.Options)]
+    assert sorted(names) == sorted(fields)
+    defaults = novaque.Options()
+    known = {"timedelta": timedelta, "Backoff": novaque.Backoff, "logging": logging}
+    for name, default in rows:
+        assert eval(default, known) == getattr(defaults, name), name
+
+
+def test_reference_lists_every_error() -> None:
+    first_cells = re.findall(r"^\| (`[^|]+`) \|", reference_section("Errors"), re.M)
+    listed = {name for cell in first_cells for name in re.findall(r"`(\w+)`", cell)}
+    assert set(novaque.errors.__all__) <= listed
+    assert all(hasattr(novaque.errors, name) for name in listed), listed
 
 
 #: Text that belongs to the project's own records, never to what a user reads:
