@@ -1,7 +1,7 @@
 """The core of the synchronous client: publishing, topology, low-level consuming,
 maintenance. :class:`novaque.Client` adds the consumer runtime on top of
 :class:`CoreClient` and composes the operator's calls
-(:class:`novaque._operate.Operations`)."""
+(:class:`novaque._operator_calls.Operations`)."""
 
 from __future__ import annotations
 
