@@ -18,13 +18,13 @@ sys.path.insert(0, str(ROOT))  # novaque from this checkout, installed or not
 import sqlalchemy.orm  # noqa: E402
 
 import novaque  # noqa: E402
-import novaque._core  # noqa: E402
+import novaque._publishing  # noqa: E402
 
 # The client's publish methods name SQLAlchemy's ORM Session in their
 # signatures, imported only for type checking (an application that does not
 # use the ORM does not load it): autodoc evaluates those annotations, so it is
 # given the name here.
-novaque._core.Session = sqlalchemy.orm.Session  # type: ignore[attr-defined]
+novaque._publishing.Session = sqlalchemy.orm.Session  # type: ignore[attr-defined]
 
 project = "novaque"
 author = "novaque's authors"
