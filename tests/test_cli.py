@@ -8,6 +8,7 @@ once on each server backend through ``backend.url``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -24,6 +25,8 @@ import pytest
 import sqlalchemy as sa
 
 import novaque
+from novaque.cli import main
+from novaque.testing import FakeClock
 from tests import _preloaded
 from tests.conftest import Backend, driverless
 
@@ -229,15 +232,66 @@ def test_stats_table_and_json(db: Path) -> None:
     ok(run("publish", "orders", "x", cwd=db))
     table = ok(run("stats", "--since", since, cwd=db)).splitlines()
     assert table[0].startswith(f"backlog now; counters for UTC days {since} .. today")
-    assert table[1].split()[:6] == ["TOPIC", "CHANNEL", "PENDING", "READY", "IN_FLIGHT", "DEAD"]
-    assert table[2].split()[:6] == ["orders", "billing", "0", "1", "0", "0"]
+    assert table[1].split()[:7] == [
+        "TOPIC", "CHANNEL", "PENDING", "READY", "IN_FLIGHT", "DEFERRED", "DEAD",
+    ]  # fmt: skip
+    assert table[2].split()[:7] == ["orders", "billing", "0", "1", "0", "0", "0"]
     assert len(table) == 4
     data = json.loads(ok(run("stats", "orders", "billing", "--since", since, "--json", cwd=db)))
     (row,) = data["channels"]
-    assert row["backlog"] == {"pending": 0, "ready": 1, "in_flight": 0, "dead": 0}
+    oldest = row["backlog"].pop("oldest_ready_at")
+    assert datetime.fromisoformat(oldest) <= datetime.now(timezone.utc)
+    assert row["backlog"] == {"pending": 0, "ready": 1, "in_flight": 0, "deferred": 0, "dead": 0}
     assert row["counters"]["published"] == 1
     assert "does not exist" in one_line_error(run("stats", "orders", "nope", cwd=db))
     assert "does not exist" in one_line_error(run("stats", "nope", cwd=db))
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """``novaque ARGS`` run in this process: its status, stdout and stderr."""
+    status = main(list(args))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_stats_columns_are_the_json_keys_every_state_and_counter(
+    backend: Backend, client: novaque.Client, clock: FakeClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One column per key of ``--json``, named after it and in its order: every
+    field of ``Backlog`` (``deferred`` and ``oldest_ready_at`` included), then
+    every field of ``Counters`` (``dead``, as in Python)."""
+    client.ensure_channel("orders", "billing")
+    client.publish_many("orders", ["a", "b", "c", "d"])  # due now, by the fake clock
+    first, second = client.claim("orders", "billing", max_messages=2)
+    client.defer(first)
+    client.reject(second, "bad order")
+    (in_flight,) = client.claim("orders", "billing")
+    client.flush_stats()
+    day = clock().date().isoformat()
+    window = ["--url", backend.url, "stats", "orders", "--since", day, "--until", day]
+    status, out, err = cli(capsys, *window)
+    assert status == 0, err
+    title, head, row = out.splitlines()
+    assert title == f"backlog now; counters for UTC days {day} .. {day}"
+    assert head.split() == [
+        "TOPIC", "CHANNEL", "PENDING", "READY", "IN_FLIGHT", "DEFERRED", "DEAD",
+        "OLDEST_READY_AT", "|", "PUBLISHED", "CLAIMED", "ACKED", "REQUEUED", "DEAD", "PURGED",
+    ]  # fmt: skip
+    oldest = clock().strftime("%Y-%m-%d %H:%M:%S").split()  # the command's clock is later
+    assert row.split() == [
+        "orders", "billing", "0", "1", "1", "1", "1", *oldest, "|", "4", "3", "0", "0", "1", "0",
+    ]  # fmt: skip
+    status, out, err = cli(capsys, *window, "--json")
+    assert status == 0, err
+    (channel,) = json.loads(out)["channels"]
+    backlog, counters = channel["backlog"], channel["counters"]
+    assert list(backlog) == [*(s.lower() for s in head.split()[2:7]), "oldest_ready_at"]
+    assert sorted(backlog) == sorted(f.name for f in dataclasses.fields(novaque.Backlog))
+    assert list(counters) == [f.name for f in dataclasses.fields(novaque.Counters)]
+    assert [k.upper() for k in [*backlog, "|", *counters]] == head.split()[2:]
+    assert backlog["oldest_ready_at"] == clock().isoformat()
+    assert (backlog["deferred"], backlog["in_flight"], counters["dead"]) == (1, 1, 1)
+    client.ack(in_flight)
 
 
 def test_dead_list_requeue_delete(db: Path) -> None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from datetime import date, datetime, timedelta, timezone
-from typing import Any
+from typing import Any, get_args
 
 from novaque._validate import MAX_ID
 from novaque.admin._http import HTTPError
@@ -22,6 +22,7 @@ from novaque.models import (
     Counters,
     DeadLetter,
     DeliveryInfo,
+    DeliveryState,
     MessageInfo,
 )
 
@@ -34,6 +35,12 @@ MAX_PAGE_SIZE = 500
 LIVE_MINUTES = 60
 
 _INT = re.compile(r"[0-9]{1,19}")
+
+#: The states of a live delivery, each a count of ``Backlog``, in the order the
+#: admin, the CLI and the metrics list them.
+STATES: tuple[DeliveryState, ...] = get_args(DeliveryState)
+#: The delivery counters, in ``Counters``' order.
+COUNTERS: tuple[str, ...] = tuple(f.name for f in fields(Counters))
 
 
 def today(client: Client) -> date:
@@ -159,11 +166,10 @@ def counters(c: Counters) -> dict[str, int]:
 
 
 def backlog(b: Backlog) -> dict[str, Any]:
-    """A backlog as JSON: its counts, and ``oldest_ready_at`` in ISO 8601 (None
-    when nothing is ready)."""
-    found = asdict(b)
-    oldest = b.oldest_ready_at
-    found["oldest_ready_at"] = None if oldest is None else oldest.isoformat()
+    """A backlog as JSON: its count per state (:data:`STATES`' order), and
+    ``oldest_ready_at`` in ISO 8601 (None when nothing is ready)."""
+    found: dict[str, Any] = {state: getattr(b, state) for state in STATES}
+    found["oldest_ready_at"] = iso(b.oldest_ready_at)
     return found
 
 

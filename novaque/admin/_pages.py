@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote, urlencode
 
-STATES = ("pending", "ready", "in_flight", "deferred", "dead")
+from novaque.admin._data import COUNTERS, STATES
+
 STATE_LABELS = {
     "pending": "Pending",
     "ready": "Ready",
@@ -302,7 +303,7 @@ The numbers refresh every few seconds.
             + age_cell("span", data["oldest_ready_age"], "v")
             + "</div>"
         )
-        names = ("published", "claimed", "acked", "requeued", "dead", "purged")
+        names = COUNTERS
         heads = "".join(f'<th class="num">{n.capitalize()}</th>' for n in names)
         today = "".join(f'<td class="num">{data["today"][n]}</td>' for n in names)
         window = "".join(f'<td class="num">{data["window"]["counters"][n]}</td>' for n in names)
