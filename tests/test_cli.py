@@ -254,12 +254,13 @@ def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     return status, out, err
 
 
-def test_stats_columns_are_the_json_keys_every_state_and_counter(
+def test_table_columns_are_named_as_in_python(
     backend: Backend, client: novaque.Client, clock: FakeClock, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """One column per key of ``--json``, named after it and in its order: every
-    field of ``Backlog`` (``deferred`` and ``oldest_ready_at`` included), then
-    every field of ``Counters`` (``dead``, as in Python)."""
+    """``stats``: one column per key of ``--json``, named after it and in its
+    order: every field of ``Backlog`` (``deferred`` and ``oldest_ready_at``
+    included), then every field of ``Counters`` (``dead``, as in Python).
+    ``dead list``: the fields of ``DeadLetter``."""
     client.ensure_channel("orders", "billing")
     client.publish_many("orders", ["a", "b", "c", "d"])  # due now, by the fake clock
     first, second = client.claim("orders", "billing", max_messages=2)
@@ -292,6 +293,20 @@ def test_stats_columns_are_the_json_keys_every_state_and_counter(
     assert backlog["oldest_ready_at"] == clock().isoformat()
     assert (backlog["deferred"], backlog["in_flight"], counters["dead"]) == (1, 1, 1)
     client.ack(in_flight)
+    status, out, err = cli(capsys, "--url", backend.url, "dead", "list", "orders", "billing")
+    assert status == 0, err
+    head, row = out.splitlines()
+    (letter,) = client.list_dead("orders", "billing")
+    assert [f.name for f in dataclasses.fields(letter)] == [
+        "delivery_id", "message_id", "attempts", "reason", "last_error", "body_len",
+        "published_at", "died_at", "body",
+    ]  # fmt: skip
+    assert head.split() == [  # the fields of DeadLetter that fit a line
+        "DELIVERY_ID", "MESSAGE_ID", "ATTEMPTS", "DIED_AT", "BODY_LEN", "REASON", "LAST_ERROR",
+    ]  # fmt: skip
+    assert row.split() == [
+        str(second.delivery_id), str(second.id), "1", *oldest, "1", "bad", "order", "-",
+    ]  # fmt: skip
 
 
 def test_dead_list_requeue_delete(db: Path) -> None:
@@ -309,12 +324,12 @@ def test_dead_list_requeue_delete(db: Path) -> None:
     finally:
         client._executor.engine.dispose()
     listing = ok(run("dead", "list", "orders", "billing", "--body", cwd=db)).splitlines()
-    assert listing[0].split() == [
-        "DELIVERY",
-        "MESSAGE",
+    assert listing[0].split() == [  # DeadLetter's fields (the body: a preview of it)
+        "DELIVERY_ID",
+        "MESSAGE_ID",
         "ATTEMPTS",
         "DIED_AT",
-        "BYTES",
+        "BODY_LEN",
         "REASON",
         "LAST_ERROR",
         "BODY",
