@@ -200,6 +200,22 @@ def settings(client: Client, topic: str, channel: str) -> dict[str, Any]:
     }
 
 
+def defaults(client: Client) -> dict[str, Any]:
+    """What a channel's settings that are None fall back to: this client's
+    ``Options``, shaped as :func:`settings` (a claim that names its own lease, or
+    a publish its own ``max_attempts``, uses that instead)."""
+    options = client.options
+    age = options.dead_max_age
+    return {
+        "lease": seconds_of(options.default_lease),
+        "max_attempts": options.default_max_attempts,
+        "dead_max_age": None if age is None else seconds_of(age),
+        "dead_max_count": options.dead_max_count,
+        "dead_max_bytes": options.dead_max_bytes,
+        "dead_letter_expired": options.dead_letter_expired,
+    }
+
+
 def channel_summary(
     client: Client, topic: str, channel: str, day: date, online: int = 0
 ) -> dict[str, Any]:
@@ -337,6 +353,7 @@ def channel_detail(client: Client, topic: str, channel: str) -> dict[str, Any]:
         "topic": topic,
         "channel": channel,
         "settings": settings(client, topic, channel),
+        "defaults": defaults(client),
         "day": day.isoformat(),
         "consumers": consumers(client, topic, channel)["consumers"],
         "backlog": backlog(found),

@@ -316,7 +316,11 @@ The numbers refresh every few seconds.
             )
             or f'<tr><td colspan="{len(names) + 1}" class="empty">No activity yet.</td></tr>'
         )
-        settings = data["settings"]
+        settings, defaults = data["settings"], data["defaults"]
+
+        def setting(key: str, unit: str = "", none: str = "no limit") -> str:
+            return _setting(settings[key], defaults[key], unit, none)
+
         switch = "resume" if settings["paused"] else "pause"
         setting_rows = "".join(
             f"<tr><th>{h(label)}</th><td><code>{h(value)}</code></td></tr>"
@@ -327,15 +331,15 @@ The numbers refresh every few seconds.
                     "Filter",
                     "none (every message)" if settings["filter"] is None else settings["filter"],
                 ),
-                ("Lease", _default_or(settings["lease"], " s")),
-                ("Max attempts", _default_or(settings["max_attempts"])),
-                ("Dead letters kept for", _default_or(settings["dead_max_age"], " s")),
-                ("Dead letters kept, at most", _default_or(settings["dead_max_count"])),
-                ("Dead-letter bytes, at most", _default_or(settings["dead_max_bytes"])),
+                ("Lease", setting("lease", " s")),
+                ("Max attempts", setting("max_attempts")),
                 (
-                    "Expired deliveries become dead letters",
-                    _default_or(settings["dead_letter_expired"]),
+                    "Dead letters kept for",
+                    setting("dead_max_age", " s", none="until their message's TTL"),
                 ),
+                ("Dead letters kept, at most", setting("dead_max_count")),
+                ("Dead-letter bytes, at most", setting("dead_max_bytes")),
+                ("Expired deliveries become dead letters", setting("dead_letter_expired")),
             )
         )
         body = f"""
@@ -619,9 +623,19 @@ or was created after it was published.</p></section>
         return self.layout(f"Error {status}", body, page="error")
 
 
-def _default_or(value: object, unit: str = "") -> str:
+def _setting(value: object, default: object, unit: str, none: str) -> str:
+    """A channel setting as the page shows it: its own value, or the client's
+    default it falls back to, said so (``30 s (the client's default)``)."""
     if value is None:
-        return "the client's default"
+        return f"{_value(default, unit, none)} (the client's default)"
+    return _value(value, unit, none)
+
+
+def _value(value: object, unit: str, none: str) -> str:
+    if value is None:
+        return none
     if isinstance(value, bool):
         return "yes" if value else "no"
-    return f"{value:g}{unit}"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return f"{value}{unit}"
