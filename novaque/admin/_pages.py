@@ -180,7 +180,14 @@ The numbers refresh every few seconds.
 <div id="topics" data-refresh="{h(self.api("/overview"))}">
 {"".join(sections)}
 </div>
-{self._live_chart(self.api("/minutes"), "every channel")}"""
+{
+            self._live_chart(
+                self.api("/minutes"),
+                "every channel added up",
+                note="These count deliveries: a message published to a topic with two "
+                "channels is two deliveries, so it counts twice.",
+            )
+        }"""
         return self.layout("Dashboard", body, page="dashboard")
 
     def _topic_card(self, topic: dict[str, Any]) -> str:
@@ -381,7 +388,7 @@ The numbers refresh every few seconds.
     <p class="muted">The chart needs JavaScript; the table below has the same numbers.</p>
   </div>
 </section>
-{self._live_chart(self.api(f"/topics/{q(topic)}/channels/{q(name)}/minutes"), "this channel")}
+{self._live_chart(self.api(f"/topics/{q(topic)}/channels/{q(name)}/minutes"), f"{topic}/{name}")}
 </div>
 {self._consumers(data["consumers"])}
 <section class="card"><h2>Counters</h2>
@@ -400,13 +407,16 @@ The numbers refresh every few seconds.
         )
 
     @staticmethod
-    def _live_chart(api_url: str, what: str) -> str:
-        """The "last hour, per minute" chart, redrawn live by admin.js."""
+    def _live_chart(api_url: str, what: str, note: str = "") -> str:
+        """The "last hour, per minute" chart, redrawn live by admin.js. Its
+        counters count deliveries (``Counters``), which the title says."""
+        title = f"Deliveries per minute of the last hour, {what}"
+        note_html = f'\n  <p class="muted">{h(note)}</p>' if note else ""
         return f"""<section class="card">
-  <h2>Last hour <span class="muted">per minute, {h(what)}</span></h2>
-  <div id="live-chart" class="chart" data-minutes="{h(api_url)}">
+  <h2>Last hour <span class="muted">deliveries per minute, {h(what)}</span></h2>
+  <div id="live-chart" class="chart" data-minutes="{h(api_url)}" data-title="{h(title)}">
     <p class="muted">The chart needs JavaScript.</p>
-  </div>
+  </div>{note_html}
 </section>"""
 
     @staticmethod

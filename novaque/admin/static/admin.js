@@ -307,11 +307,11 @@
   }
 
   // The last hour: the server lists every minute (zeros too), oldest first.
+  // The page names what is counted (deliveries) in the box's data-title.
   function drawMinutes(box, data) {
     var byMinute = {};
     var labels = data.minutes.map(function (row) { byMinute[row.minute] = row; return row.minute; });
-    var what = data.topic ? data.topic + "/" + data.channel : "every channel";
-    drawLines(box, labels, byMinute, "Counters per minute of the last hour, " + what,
+    drawLines(box, labels, byMinute, box.getAttribute("data-title"),
       function (minute) { return minute.slice(11, 16); });
   }
 
