@@ -380,7 +380,9 @@ def test_dead_redrive_with_limit_died_before_and_rate(db: Path) -> None:
     cut = "2026-11-29T09:00:04Z"  # letters 3 and 4 (0-based 2, 3) died before it
     result = run("dead", "delete", "orders", "billing", "--died-before", cut, "--progress", cwd=db)
     assert ok(result) == "deleted 2 dead letters of orders/billing\n"
-    assert "deleted 2/3 [" in result.stderr  # the progress line, on stderr
+    # The progress line, on stderr: a count without a bar, since --died-before
+    # leaves unknown how many letters the pass takes (3 are dead in all).
+    assert result.stderr.strip() == "deleted 2"
     out = ok(run("dead", "requeue", "orders", "billing", "--all", "--rate", "1000", cwd=db))
     assert out == "requeued 1 dead letter of orders/billing\n"
     assert "no dead letters" in ok(run("dead", "list", "orders", "billing", cwd=db))

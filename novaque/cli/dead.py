@@ -184,7 +184,9 @@ def _chunks(
     client = context.client()
     total: int | None = len(ids) if ids is not None else None
     shown = args.progress or sys.stderr.isatty()
-    if total is None and (shown or action == "delete"):
+    # How many letters the pass takes, when the backlog says it: not with
+    # --died-before (the line then counts without a bar).
+    if total is None and args.died_before is None and (shown or action == "delete"):
         dead = client.channel_backlog(args.topic, args.channel).dead
         total = dead if args.limit is None else min(dead, args.limit)
     if action == "delete" and ids is None and args.limit is None and args.died_before is None:
