@@ -431,8 +431,9 @@ def message(info: MessageInfo, channel_names: list[str], limit: int) -> dict[str
     live = {d.channel: d for d in info.deliveries}
     states = [delivery(live[name]) for name in sorted(live)]
     for name in channel_names:
-        if name not in live:
-            states.append({"channel": name, "state": "acked", "attempts": None})
+        if name not in live:  # the keys of a live one, as the docs show them
+            gone = {"channel": name, "state": "acked", "attempts": None}
+            states.append({**gone, "last_error": None, "visible_at": None})
     states.sort(key=lambda s: s["channel"])
     return {
         "id": info.id,
