@@ -6,10 +6,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
-LINTED := $(wildcard novaque tests migrations benchmarks)
+LINTED := $(wildcard novaque tests migrations benchmarks docs/conf.py)
 
 .DEFAULT_GOAL := help
-.PHONY: help test test-clean lint demo bench clean
+.PHONY: help test test-clean lint docs demo bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -32,6 +32,9 @@ lint: $(STAMP) ## ruff, mypy --strict, and the layering contracts (import-linter
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+docs: $(STAMP) ## the documentation site with the API reference, into docs/_build (warnings fail it)
+	$(BIN)/sphinx-build -E -W --keep-going -n -q -b html docs docs/_build/html
+
 demo: $(STAMP) ## live tour: admin UI over a stream of sample orders (SQLite ./novaque.db)
 	$(BIN)/novaque demo
 
@@ -39,4 +42,4 @@ bench: $(STAMP) ## run the benchmarks against the raw-SQL floor
 	$(BIN)/python -m novaque.cli bench
 
 clean: ## remove the virtualenv and local databases
-	rm -rf $(VENV) novaque.db novaque.db-wal novaque.db-shm .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
+	rm -rf $(VENV) docs/_build novaque.db novaque.db-wal novaque.db-shm .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -42,7 +42,7 @@ from novaque.schema import deliveries
 
 TOPIC, CHANNEL = "bench", "work"
 BODY = b"x" * 200
-CLAIMS = ("claim", "ack_and_claim", "claim_driver", "ack_and_claim_driver")
+CLAIMS = ("claim", "ack_and_claim")
 
 
 def say(text: str) -> None:

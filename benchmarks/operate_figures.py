@@ -33,7 +33,7 @@ from typing import Any
 import sqlalchemy as sa
 
 import novaque
-from novaque import _operate
+from novaque import _operator_calls
 from novaque._time import US
 from novaque.schema import DEAD_VISIBLE_AT, STATE_DEAD, STATE_LEASED, STATE_READY
 
@@ -192,15 +192,15 @@ def run(client: novaque.Client, rows: int) -> int:
 
     now = time.time_ns() // 1000
     plans: list[tuple[str, sa.ClauseElement, dict[str, Any]]] = [
-        ("channel_backlog", _operate.BACKLOG, {"p_channel": big, "p_now": now}),
+        ("channel_backlog", _operator_calls.BACKLOG, {"p_channel": big, "p_now": now}),
         (
             "list_dead first page",
-            _operate.DEAD_PAGE,
+            _operator_calls.DEAD_PAGE,
             {"p_channel": big, "p_after": 0, "p_limit": 100},
         ),
         (
             "list_dead middle page",
-            _operate.DEAD_PAGE,
+            _operator_calls.DEAD_PAGE,
             {"p_channel": big, "p_after": middle, "p_limit": 100},
         ),
         (

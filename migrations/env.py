@@ -19,7 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import context
 
-from novaque.schema import REVISION_TABLE, VERSION_TABLE, exists_on, metadata
+from novaque._tables import REVISION_TABLE, VERSION_TABLE, exists_on, metadata
 
 config = context.config
 

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from novaque.client import Client, connect
     from novaque.consumer import Consumer
 
+#: The version of novaque, as installed.
 __version__ = "0.1.0"
 
 #: Names imported on first use, and their modules: ``import novaque`` stays

@@ -43,6 +43,8 @@ from celpy.celparser import CELParseError
 from celpy.evaluation import Activation, Evaluator
 from lark import Token, Tree
 
+from novaque._limits import MAX_HEADERS, MAX_HEADERS_BYTES
+
 #: Deepest parse tree accepted: cel-python evaluates recursively, about six
 #: Python frames a level, and sets the recursion limit to 2500.
 MAX_DEPTH = 200
@@ -813,8 +815,6 @@ def parse(text: str) -> Tree[Any]:
 
 def variables() -> dict[str, Type]:
     """The variables of a filter, at their largest."""
-    from novaque._validate import MAX_HEADERS, MAX_HEADERS_BYTES
-
     return {
         "headers": Type(
             "map",

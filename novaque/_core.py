@@ -1,7 +1,7 @@
 """The core of the synchronous client: publishing, topology, low-level consuming,
 maintenance. :class:`novaque.Client` adds the consumer runtime on top of
 :class:`CoreClient` and composes the operator's calls
-(:class:`novaque._operate.Operations`)."""
+(:class:`novaque._operator_calls.Operations`)."""
 
 from __future__ import annotations
 
@@ -16,15 +16,19 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
 
 import sqlalchemy as sa
 
 from novaque import _hooks, _migrate, _validate, dialects
 from novaque._executor import SyncExecutor
 from novaque._stats import MINUTE_US, MINUTES_KEPT_US, StatsBuffer
+from novaque._tables import (
+    deliveries,
+)
 from novaque._time import US, Clock, day_of, from_us
 from novaque._waits import THREADS, Waits
+from novaque.dialects.params import ClaimParams, Link
 from novaque.errors import (
     InvalidOption,
     LeaseLost,
@@ -34,9 +38,6 @@ from novaque.models import ChannelSettings, Message
 from novaque.ops import Batch, Effects, consume, maintain, presence, topology
 from novaque.ops import publish as publish_op
 from novaque.options import Duration, Options, check_int, microseconds, seconds
-from novaque.schema import (
-    deliveries,
-)
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -139,10 +140,13 @@ class CoreClient:
                     else "not an asyncio one: novaque.aio.AsyncClient needs one"
                 )
             )
+        #: The client's :class:`~novaque.Options` (the defaults when none were given).
         self.options = options if options is not None else Options()
         if not isinstance(self.options, Options):
             raise TypeError(f"options must be novaque.Options, got {type(options).__name__}")
+        #: The application's engine, as given (or made by :func:`~novaque.connect`).
         self.engine = engine
+        #: The logger novaque logs to (``Options.logger``).
         self.log = self.options.logger
         self._dialect = dialects.for_engine(engine)
         self._executor = self._new_executor(dialects.own_engine(engine))
@@ -166,8 +170,6 @@ class CoreClient:
         #: evaluated before the next one's transaction (a hint: the
         #: transaction reads them again, see _publish_evaluated).
         self._topic_filters: dict[str, frozenset[str]] = {}
-        #: The operations with a driver path on this engine (set at first use).
-        self._driver_ops: frozenset[str] | None = None
         self._wake_lock = threading.Lock()
         self._wakers: dict[str, list[Callable[[], None]]] = {}
         self._default_ttl = seconds(self.options.default_ttl, "Options.default_ttl")
@@ -192,7 +194,7 @@ class CoreClient:
     def migrate(self, to: str = "head") -> None:
         """Apply novaque's migrations up to ``to`` (Alembic ``upgrade``).
 
-        Checks the database version floor first (:class:`UnsupportedDatabase`).
+        Checks the database version floor first (:class:`~novaque.UnsupportedDatabase`).
         Running it again is a no-op.
         """
         if _migrate.is_head(to):
@@ -265,11 +267,14 @@ class CoreClient:
     def _run(self, fn: Callable[[sa.Connection], T], *, op: str = "") -> T:
         """Run ``fn`` in one of novaque's transactions.
 
-        ``op`` names the hot-path operation ``fn`` performs; where the dialect
-        does it in one statement, the transaction costs one round trip.
+        ``op`` names the hot operation ``fn`` performs: where the dialect
+        does it in one statement, the transaction costs one round trip, and
+        where the dialect writes it for the driver, ``fn`` (an operation of
+        :mod:`novaque.ops` that takes a link) is handed a
+        :class:`~novaque.dialects.params.Driver` (:meth:`SyncExecutor.run`).
         """
         self._ready()
-        return self._executor.run(fn, one_statement=op in self._dialect.one_statement_ops)
+        return self._executor.run(cast("Callable[[Link], T]", fn), op=op)
 
     def _run_op(
         self,
@@ -346,7 +351,7 @@ class CoreClient:
         :class:`~novaque.DedupConflict` (with the key and the first id) and
         writes nothing. ``group`` (1-200 characters) is the message's ordering key:
         a ``group_fifo`` channel hands out the messages of one group one at a
-        time, in order (see the guide, "Ordering and routing").
+        time, in order (see docs/how-to/ordering.md).
         """
         return self._publish(
             topic,
@@ -559,31 +564,15 @@ class CoreClient:
             and publish_op.one_statement(params["bodies"], params["dedup_keys"])
         )
         try:
-            done = None
-            # The driver path: one message without a group.
+            # One message without a group: the dialect may write it in the
+            # driver's SQL (the executor's choice), with the topic's plan.
             single = len(params["bodies"]) == 1 and params["groups"][0] is None
-            if one and single and self._on_driver("publish"):
-                assert topic_id is not None
-                done = self._executor.run_driver(
-                    functools.partial(
-                        publish_op.publish_one,
-                        self._dialect,
-                        self._now,
-                        topic,
-                        topic_id,
-                        params,
-                        self._plans.get(topic),
-                    )
-                )
-                if done is None:  # routed channels after all: nothing was written
-                    self._routed_topics.add(topic)
-                    one = False
-                elif done.plan is not None:
-                    self._plans[topic] = done.plan
-            if done is None:
-                done = self._publish_evaluated(
-                    "publish" if one else "", topic, params, topic_id=topic_id, routed=not one
-                )
+            op = ("publish_one" if single else "publish") if one else ""
+            done = self._publish_evaluated(
+                op, topic, params, topic_id=topic_id, routed=not one, plan=self._plans.get(topic)
+            )
+            if done.plan is not None:
+                self._plans[topic] = done.plan
             if done.declined:  # routed channels after all: nothing was written
                 self._routed_topics.add(topic)
                 done = self._publish_evaluated("", topic, params, topic_id=topic_id)
@@ -645,15 +634,6 @@ class CoreClient:
             self._topic_filters[topic] = done.filters
         elif done.filters is not None:
             self._topic_filters.pop(topic, None)
-
-    def _on_driver(self, op: str) -> bool:
-        """Whether operation ``op`` takes the driver path
-        (:meth:`~novaque._executor.SyncExecutor.run_driver`) on this engine."""
-        self._ready()  # as _run does before each transaction
-        ops = self._driver_ops
-        if ops is None:
-            ops = self._driver_ops = self._dialect.driver_ops(self._executor.engine.dialect)
-        return op in ops and self._executor.driver_path()
 
     def _apply(self, effects: Effects) -> None:
         """After a transaction committed: what its operation left to do."""
@@ -773,7 +753,7 @@ class CoreClient:
           ``topic`` that a message must satisfy to be delivered to the channel
           (``""`` removes it); compiled and checked here (its types, its
           depth, and its cost: at most 20,000 evaluation steps), raising
-          :class:`InvalidFilter` (and storing nothing) for a bad one;
+          :class:`~novaque.InvalidFilter` (and storing nothing) for a bad one;
         - ``lease``: of claims and consumers on the channel that name none;
         - ``max_attempts``: the budget of every delivery created in the channel
           from then on, whatever the publish said;
@@ -853,7 +833,7 @@ class CoreClient:
         return self._run_op("", topology.list_topics)
 
     def list_channels(self, topic: str) -> list[str]:
-        """The channel names of ``topic``, sorted; :class:`TopicNotFound` if missing."""
+        """The channel names of ``topic``, sorted; :class:`~novaque.TopicNotFound` if missing."""
         _validate.name(topic, "topic")
         return self._run_op("", topology.list_channels, topic)
 
@@ -922,34 +902,12 @@ class CoreClient:
         """Claim with ``lease_s``; with ``channel_lease`` the channel's own lease,
         when it has one, replaces it (``attempt_id``: see :meth:`claim`)."""
         token = secrets.token_hex(16)
-        lease_us = microseconds(lease_s)
-        if attempt_id is None and self._on_driver("claim"):
-            rows, now, effects = self._executor.run_driver(
-                functools.partial(
-                    consume.claim_driver,
-                    self._dialect,
-                    self._now,
-                    channel_id,
-                    limit,
-                    lease_us,
-                    token,
-                    channel_lease,
-                )
-            )
-            return self._handed_out(topic, channel, channel_id, token, rows, now, effects)
-        return self._hand_out(
-            topic,
-            channel,
-            channel_id,
-            token,
-            "claim" if attempt_id is None else "",
-            consume.claim,
-            limit,
-            lease_us,
-            token,
-            channel_lease,
-            attempt_id,
+        claim = ClaimParams(
+            channel_id, limit, microseconds(lease_s), token, channel_lease, attempt_id
         )
+        op = "claim" if attempt_id is None else ""
+        rows, now, effects = self._run_timed(op, consume.claim, claim)
+        return self._handed_out(topic, channel, channel_id, token, rows, now, effects)
 
     def _hand_out(
         self,
@@ -1017,7 +975,7 @@ class CoreClient:
         At-most-once: a message popped is gone from the channel even if the
         caller then fails. Counted ``claimed`` and ``acked``; each message's
         ``attempts`` counts this one. The messages carry no lease
-        (``lease_token == ""``): settling one raises :class:`LeaseLost`.
+        (``lease_token == ""``): settling one raises :class:`~novaque.LeaseLost`.
         Ordering applies (a popped head lets its group's next delivery go, as
         an ack does), and a paused channel gives ``[]``. ``wait``: as for
         :meth:`claim`.
@@ -1107,15 +1065,9 @@ class CoreClient:
         if limit <= 0:
             return self.ack_many(acks), []
         token = secrets.token_hex(16)
-        args = (acks, channel_id, limit, microseconds(lease_s), token, channel_lease)
-        ordered = consume.ordered(acks)
-        if self._on_driver("ack_ordered_claim" if ordered else "ack_claim"):
-            lost, rows, now, effects = self._executor.run_driver(
-                functools.partial(consume.ack_and_claim_driver, self._dialect, self._now, *args)
-            )
-        else:
-            op = "" if ordered else "ack_claim"
-            lost, rows, now, effects = self._run_timed(op, consume.ack_and_claim, *args)
+        claim = ClaimParams(channel_id, limit, microseconds(lease_s), token, channel_lease)
+        op = "ack_ordered_claim" if consume.ordered(acks) else "ack_claim"
+        lost, rows, now, effects = self._run_timed(op, consume.ack_and_claim, acks, claim)
         self._apply(effects)
         if not rows:
             self._channel_maybe_gone(topic, channel)
@@ -1125,7 +1077,7 @@ class CoreClient:
     def ack(self, msg: Message) -> None:
         """Settle ``msg`` as done: its delivery is deleted (the message stays until TTL).
 
-        Raises :class:`LeaseLost` if the lease is no longer current.
+        Raises :class:`~novaque.LeaseLost` if the lease is no longer current.
         """
         if self.ack_many([msg]):
             raise LeaseLost(_lost_text(msg))
@@ -1152,11 +1104,11 @@ class CoreClient:
         at once. ``error`` (text or exception) is kept as the delivery's last
         error (at most 4000 characters; NUL and lone surrogates replaced by
         U+FFFD). After the last allowed attempt the delivery becomes dead at
-        once (reason ``max_attempts``). Raises :class:`LeaseLost` if the lease
+        once (reason ``max_attempts``). Raises :class:`~novaque.LeaseLost` if the lease
         is no longer current.
 
         A positive ``delay`` that would make the retry due only at or after
-        the message's expiry (its TTL) raises :class:`InvalidOption` and
+        the message's expiry (its TTL) raises :class:`~novaque.InvalidOption` and
         changes nothing: the message would be purged before the retry. A delay
         from the backoff policy (``delay=None``, as the consumer retries) is
         not refused: if it reaches past the expiry, the delivery is purged at
@@ -1193,8 +1145,8 @@ class CoreClient:
         delivery of the group with a lower delivery id came back while it was
         leased (a requeued dead letter): it then waits behind that one. A positive
         ``delay`` that would make it due only at or after the message's
-        expiry raises :class:`InvalidOption` and changes nothing, as for
-        :meth:`requeue`. Raises :class:`LeaseLost` if the lease is no longer
+        expiry raises :class:`~novaque.InvalidOption` and changes nothing, as for
+        :meth:`requeue`. Raises :class:`~novaque.LeaseLost` if the lease is no longer
         current.
         """
         delay_s = _validate.retry_delay(delay)
@@ -1254,7 +1206,7 @@ class CoreClient:
         TTL purges it, or until :meth:`claim_deferred` names its
         ``msg.delivery_id``. Its attempt stays counted; nothing else is
         counted (the delivery is still live). On an ordered channel the
-        group's next delivery goes on at once. Raises :class:`LeaseLost` if
+        group's next delivery goes on at once. Raises :class:`~novaque.LeaseLost` if
         the lease is no longer current.
         """
         self._leave(msg, consume.defer)
@@ -1282,7 +1234,7 @@ class CoreClient:
         ``lease`` setting as the claim read it, else ``Options.default_lease``).
 
         Keeps the token, updates ``msg.lease_expires_at`` and returns the new
-        expiry. Raises :class:`LeaseLost` if the lease is no longer current.
+        expiry. Raises :class:`~novaque.LeaseLost` if the lease is no longer current.
         """
         if lease is None and msg.channel_lease_us is not None:
             lease_s = msg.channel_lease_us / US
@@ -1304,7 +1256,7 @@ class CoreClient:
         For a consumer of its own that claimed more than it will handle (a
         prefetch buffer given back at shutdown): the deliveries are due again
         at once and their ``attempts`` are as before the claim. Messages whose
-        lease is no longer current are left alone (no :class:`LeaseLost`);
+        lease is no longer current are left alone (no :class:`~novaque.LeaseLost`);
         returns how many were released. Use :meth:`requeue` for a message
         that was worked on. On an ordered channel a released head waits, as
         after :meth:`requeue`, behind a delivery of its group with a lower
@@ -1354,7 +1306,7 @@ class CoreClient:
         """Release deliveries whose lease expired; dead-letter those out of attempts.
 
         Returns how many deliveries it changed. Tokens of reaped leases stop
-        working (:class:`LeaseLost`).
+        working (:class:`~novaque.LeaseLost`).
         """
         changed = self._in_batches(maintain.reap_batch, self.options.maintenance_batch)
         if changed:
@@ -1446,7 +1398,7 @@ def _check_repeated_keys(
     keys: Sequence[str | None], bodies: Sequence[bytes], groups: Sequence[str | None]
 ) -> None:
     """A dedup key given twice in one call must name one message: the same body
-    and group (the headers are the call's), else :class:`InvalidOption`."""
+    and group (the headers are the call's), else :class:`~novaque.InvalidOption`."""
     first: dict[str, int] = {}
     for i, key in enumerate(keys):
         if key is None:

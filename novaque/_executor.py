@@ -13,10 +13,13 @@ rather than on their SQL:
 - the dialect's first statement of a transaction (``begin_transaction``:
   MySQL's SET TRANSACTION READ COMMITTED), skipped on engines made by
   :func:`novaque.connect`, set up once per connection instead;
-- the driver path (:meth:`SyncExecutor.run_driver`): the hottest call, a
-  publish of one message, in the driver's own SQL on a pooled DBAPI
-  connection, without SQLAlchemy's statement machinery (its cost was half of
-  the publish's), unless the engine has cursor events or logs its SQL.
+- the driver path: the hottest operations (a publish of one message, a
+  claim, an ack with the next claim), named by ``op=``, are handed a
+  :class:`~novaque.dialects.params.Driver` instead of a SQLAlchemy
+  connection where the dialect writes them in the driver's own SQL
+  (``driver_ops``): the dialect then runs the whole transaction on a pooled
+  DBAPI connection, without SQLAlchemy's statement machinery (its cost was
+  half of a publish's), unless the engine has cursor events or logs its SQL.
 
 The dialect (:mod:`novaque.dialects`) holds only SQL and facts about its
 database.
@@ -60,6 +63,7 @@ from novaque import _deadlines
 from novaque._waits import running_loop
 from novaque.dialects import Dialect, NotifyListener
 from novaque.dialects.engines import autocommit_engine, session_ready, sync_sqlite_engine
+from novaque.dialects.params import Driver, Link
 from novaque.errors import DatabaseUnavailable
 
 T = TypeVar("T")
@@ -101,24 +105,55 @@ class SyncExecutor:
         #: Where one-statement work runs when a pool stays in autocommit.
         self._autocommit_engine = autocommit_engine(engine) if self._autocommit else None
         self._begin = not session_ready(engine)
+        #: Whether the operations the dialect writes for the driver take that
+        #: path (the tests run them both ways).
+        self.use_driver = True
+        self._driver_ops: frozenset[str] | None = None
 
-    def run(
-        self,
-        fn: Callable[[sa.Connection], T],
-        *,
-        one_statement: bool = False,
-        attempts: int = ATTEMPTS,
-    ) -> T:
+    def run(self, fn: Callable[[Link], T], *, op: str = "", attempts: int = ATTEMPTS) -> T:
         """Run ``fn`` in one transaction on novaque's engine, retrying conflicts.
 
-        ``one_statement`` promises that ``fn`` executes exactly one statement,
-        which is a transaction by itself; where the dialect does operations in
-        one statement (``one_statement_ops``), it then runs in autocommit and
-        saves the round trips of BEGIN and COMMIT.
+        ``op`` names the hot operation ``fn`` performs, if it is one. Where the
+        dialect writes it for the driver (:meth:`drives`), ``fn`` is handed a
+        :class:`~novaque.dialects.params.Driver`, on which the dialect runs
+        the transaction itself; else a SQLAlchemy connection in a transaction
+        of the executor's. Where the dialect does the operation in one
+        statement (``one_statement_ops``), that transaction is the statement
+        alone, in autocommit, saving the round trips of BEGIN and COMMIT.
         """
+        return self._run(fn, op, self.drives(op), attempts)
+
+    def _run(self, fn: Callable[[Link], T], op: str, driver: bool, attempts: int) -> T:
+        """:meth:`run`, the path chosen (``driver``)."""
+        if driver:
+            engine = self._autocommit_engine or self.engine
+            return self._retried(functools.partial(_on_driver, engine, fn, self), attempts)
+        one_statement = op in self.dialect.one_statement_ops
         return self._retried(functools.partial(self._in_transaction, fn, one_statement), attempts)
 
-    def _in_transaction(self, fn: Callable[[sa.Connection], T], one_statement: bool) -> T:
+    def drives(self, op: str) -> bool:
+        """Whether operation ``op`` is handed a :class:`~novaque.dialects.params.Driver`:
+        the dialect writes it for this engine's driver (``driver_ops``), and
+        nothing of the engine watches its statements (cursor events, such as
+        SQLAlchemy's OpenTelemetry instrumentation, error handlers, or SQL
+        logging), which the driver path would skip."""
+        if not op or not self.use_driver:
+            return False
+        ops = self._driver_ops
+        if ops is None:
+            ops = self._driver_ops = self.dialect.driver_ops(self.engine.dialect)
+        if op not in ops:
+            return False
+        engine = self.engine
+        dispatch = engine.dispatch
+        return not (
+            dispatch.before_cursor_execute
+            or dispatch.after_cursor_execute
+            or engine.dialect.dispatch.handle_error
+            or engine.logger.isEnabledFor(logging.INFO)
+        )
+
+    def _in_transaction(self, fn: Callable[[Link], T], one_statement: bool) -> T:
         with self._transaction(one_statement) as conn:
             return fn(conn)
 
@@ -183,33 +218,6 @@ class SyncExecutor:
         that was cancelled committed without the replication asked for)."""
         assert self.timeout is not None
         return _Bounded(self.timeout, self.dialect.cancel, driver_conn, invalidate)
-
-    def driver_path(self) -> bool:
-        """Whether :meth:`run_driver` may be used: nothing of the engine watches
-        its statements (cursor events, such as SQLAlchemy's OpenTelemetry
-        instrumentation, error handlers, or SQL logging), which the driver
-        path would skip."""
-        engine = self.engine
-        dispatch = engine.dispatch
-        return not (
-            dispatch.before_cursor_execute
-            or dispatch.after_cursor_execute
-            or engine.dialect.dispatch.handle_error
-            or engine.logger.isEnabledFor(logging.INFO)
-        )
-
-    def run_driver(self, fn: Callable[[Any], T], *, attempts: int = ATTEMPTS) -> T:
-        """Run ``fn`` with a pooled DBAPI connection (PEP 249) of novaque's engine,
-        retrying conflicts as :meth:`run` does.
-
-        ``fn`` runs its transaction itself, in the driver's SQL (the dialect's
-        ``*_driver`` methods), and leaves the connection as it found it (no
-        transaction open, autocommit as it was). A DBAPI error is raised as
-        SQLAlchemy's (``sqlalchemy.exc.DBAPIError`` and its kinds), and a lost
-        connection is dropped from the pool, as on SQLAlchemy's own path.
-        """
-        engine = self._autocommit_engine or self.engine
-        return self._retried(functools.partial(_on_driver, engine, fn, self), attempts)
 
     def pause(self, seconds: float) -> None:
         """Wait ``seconds`` before trying again."""
@@ -343,19 +351,23 @@ def _timed_out(timeout: float) -> DatabaseUnavailable:
     )
 
 
-def _on_driver(engine: sa.Engine, fn: Callable[[Any], T], executor: SyncExecutor) -> T:
-    """``fn`` of a pooled DBAPI connection of ``engine``, its errors as SQLAlchemy's,
-    within ``executor``'s deadline."""
+def _on_driver(engine: sa.Engine, fn: Callable[[Link], T], executor: SyncExecutor) -> T:
+    """``fn`` of a pooled DBAPI connection of ``engine`` (a
+    :class:`~novaque.dialects.params.Driver`), its errors as SQLAlchemy's,
+    within ``executor``'s deadline. ``fn``'s transaction is the dialect's; a
+    DBAPI error is raised as SQLAlchemy's (``sqlalchemy.exc.DBAPIError`` and
+    its kinds), and a lost connection is dropped from the pool, as on
+    SQLAlchemy's own path."""
     fairy = executor.opened(engine.raw_connection)
     ended = False  # fn's transaction ended (it returned, or was rolled back here)
     try:
         dbapi: Any = fairy.dbapi_connection
         try:
             if executor.timeout is None:
-                found = fn(dbapi)
+                found = fn(Driver(dbapi))
             else:
                 with executor.deadline(fairy.driver_connection, fairy.invalidate):
-                    found = fn(dbapi)
+                    found = fn(Driver(dbapi))
             ended = True
             return found
         except engine.dialect.loaded_dbapi.Error as exc:
@@ -419,13 +431,7 @@ class AsyncExecutor(SyncExecutor):
                     sync_sqlite_engine(engine, pool_size=1, busy_timeout_ms=0), dialect
                 )
 
-    def run(
-        self,
-        fn: Callable[[sa.Connection], T],
-        *,
-        one_statement: bool = False,
-        attempts: int = ATTEMPTS,
-    ) -> T:
+    def _run(self, fn: Callable[[Link], T], op: str, driver: bool, attempts: int) -> T:
         """:meth:`SyncExecutor.run`, awaited.
 
         On SQLite the whole transaction runs on a sync engine for the same
@@ -443,17 +449,10 @@ class AsyncExecutor(SyncExecutor):
         """
         threaded = self._threaded
         if threaded is None:
-            return super().run(fn, one_statement=one_statement, attempts=attempts)
-        return self._on_sqlite(
-            lambda executor: executor.run(fn, one_statement=one_statement, attempts=attempts)
-        )
-
-    def run_driver(self, fn: Callable[[Any], T], *, attempts: int = ATTEMPTS) -> T:
-        """:meth:`SyncExecutor.run_driver`, awaited (on SQLite: as :meth:`run`)."""
-        threaded = self._threaded
-        if threaded is None:
-            return super().run_driver(fn, attempts=attempts)
-        return self._on_sqlite(lambda executor: executor.run_driver(fn, attempts=attempts))
+            return super()._run(fn, op, driver, attempts)
+        # The path is chosen for the application's engine, whose events the
+        # driver path would skip, not for the sync engine that runs it.
+        return self._on_sqlite(lambda executor: executor._run(fn, op, driver, attempts))
 
     def _on_sqlite(self, use: Callable[[SyncExecutor], T]) -> T:
         """SQLite: ``use`` of a sync executor, on the loop's thread if the write

@@ -18,6 +18,7 @@ import functools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from novaque._limits import UNSTORABLE
 from novaque.errors import InvalidFilter
 
 if TYPE_CHECKING:
@@ -80,9 +81,7 @@ def check(text: object) -> str | None:
         raise InvalidFilter(
             f"filter is {len(text)} characters long; the limit is {MAX_FILTER_CHARS}"
         )
-    from novaque._validate import _UNSTORABLE  # _validate imports this module
-
-    bad = _UNSTORABLE.search(text)
+    bad = UNSTORABLE.search(text)
     if bad is not None:
         what = "NUL" if bad.group() == "\x00" else "a lone surrogate"
         raise InvalidFilter(

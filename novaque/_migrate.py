@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
 
+from novaque import dialects
+from novaque._tables import REVISION_TABLE, VERSION_TABLE, metadata
 from novaque.errors import SchemaOutOfDate
-from novaque.schema import REVISION_TABLE, VERSION_TABLE, metadata
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -33,7 +34,7 @@ MIGRATE_HINT = "run `novaque migrate` (or client.migrate())"
 #: migrations as the ``novaque`` branch of its own history usually keeps them.
 APP_VERSION_TABLE = "alembic_version"
 BRANCH_HINT = "run `alembic upgrade heads` (novaque's migrations are a branch of your history)"
-#: The first revision that writes :data:`~novaque.schema.REVISION_TABLE`.
+#: The first revision that writes :data:`~novaque._tables.REVISION_TABLE`.
 REVISION_TABLE_SINCE = "0009"
 #: The targets of ``migrate()`` that mean "the newest revision".
 HEADS = frozenset({"head", "heads"})
@@ -136,7 +137,7 @@ def _nested_alembic_safe() -> Iterator[None]:
 
     Alembic publishes the running environment as module globals of
     ``alembic.context`` and ``alembic.op`` and deletes them when a command
-    ends. Run from an application's ``env.py`` (see the guide), novaque's
+    ends. Run from an application's ``env.py`` (docs/how-to/migrations.md), novaque's
     command would delete the application's globals before its own command
     ends; keep a copy and put it back.
     """
@@ -159,7 +160,7 @@ def _nested_alembic_safe() -> Iterator[None]:
 class Survey:
     """What a database holds of novaque's schema and of its revision."""
 
-    #: The revision in :data:`~novaque.schema.REVISION_TABLE` (from 0009 on).
+    #: The revision in :data:`~novaque._tables.REVISION_TABLE` (from 0009 on).
     marker: str | None = None
     #: The revision in novaque's own version table (``novaque migrate``).
     own: str | None = None
@@ -285,7 +286,7 @@ def current(connection: sa.Connection) -> str | None:
 
 
 def _marker(connection: sa.Connection) -> str | None:
-    """The revision in :data:`~novaque.schema.REVISION_TABLE` in one query, or
+    """The revision in :data:`~novaque._tables.REVISION_TABLE` in one query, or
     None when the table is missing or empty (the connection's transaction, if
     the query failed, rolled back: PostgreSQL refuses more statements after it)."""
     try:
@@ -360,8 +361,6 @@ def upgrade_checked(connection: sa.Connection, to: str = "head") -> None:
     Commits what it ran when ``connection`` was not in a transaction before
     (as in an ``env.py`` after the application's own migrations).
     """
-    from novaque import dialects
-
     began = not connection.in_transaction()
     dialect = dialects.class_for(connection)
     try:

@@ -33,8 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from novaque import _validate
+from novaque._consumers_online import Presence
 from novaque._core import CoreClient
-from novaque._presence import Presence
 from novaque._signals import Signals
 from novaque._waits import Event, Runner, jittered
 from novaque.consumer import Consumer, Handler, RetryDelay
@@ -135,10 +135,10 @@ class Runtime:
         """A consumer that runs ``handler`` on every message of ``topic``/``channel``.
 
         Creates the topic and the channel if they are missing. The keyword
-        arguments override the client's :class:`Options` for this consumer:
+        arguments override the client's :class:`~novaque.Options` for this consumer:
         ``max_in_flight`` (worker threads and claim batch size), ``lease``,
         ``backoff`` (retry delays) and ``poll_interval`` (longest idle wait).
-        The consumer is not started: call :meth:`Consumer.start`, or use
+        The consumer is not started: call :meth:`~novaque.Consumer.start`, or use
         :meth:`subscribe_and_start`.
         """
         consumer = self.new_consumer(
@@ -223,7 +223,7 @@ class Runtime:
         backoff: Backoff | None = None,
         poll_interval: Duration | None = None,
     ) -> Consumer:
-        """:meth:`subscribe`, then :meth:`Consumer.start`; returns the running consumer."""
+        """:meth:`subscribe`, then :meth:`~novaque.Consumer.start`; returns the running consumer."""
         return self.subscribe(
             topic,
             channel,
@@ -402,10 +402,10 @@ class Runtime:
         safe. A failing job is tried again after a backoff; a run of failures
         (the database unreachable, say) is logged once at ERROR where it
         starts and once at INFO where it ends. Consumers are started on
-        their own (:meth:`Consumer.start`).
+        their own (:meth:`~novaque.Consumer.start`).
 
         On a database that was not migrated it raises
-        :class:`SchemaOutOfDate` at once, instead of leaving the loops to log
+        :class:`~novaque.SchemaOutOfDate` at once, instead of leaving the loops to log
         it; any other error of that first check is left to the loops' retries.
         """
         try:
@@ -536,7 +536,7 @@ class Runtime:
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop everything this client runs, within about ``timeout`` seconds.
 
-        Shuts every consumer down (see :meth:`Consumer.shutdown`; they share
+        Shuts every consumer down (see :meth:`~novaque.Consumer.shutdown`; they share
         the timeout), stops the maintenance loop and the listener, flushes
         the buffered stats, and closes the connections of the engine novaque
         opened itself (SQLite's second engine, or the engine

@@ -14,7 +14,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable
 
-from novaque.schema import COUNTER_COLUMNS
+from novaque._tables import COUNTER_COLUMNS
 
 FIELD_INDEX = {name: i for i, name in enumerate(COUNTER_COLUMNS)}
 

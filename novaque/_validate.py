@@ -10,6 +10,8 @@ from datetime import date, datetime
 from typing import Any
 
 from novaque import _filters
+from novaque._limits import MAX_HEADERS, MAX_HEADERS_BYTES, UNSTORABLE
+from novaque._tables import ORDERINGS
 from novaque._waits import THREADS, Waits
 from novaque.errors import InvalidName, InvalidOption, MessageTooLarge
 from novaque.options import (
@@ -24,27 +26,17 @@ from novaque.options import (
     microseconds,
     seconds,
 )
-from novaque.schema import ORDERINGS
 
 _NAME = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 
 MAX_LEASE_S = 7 * 86_400.0
 #: Longest wait of a long poll (``claim(wait=)``, ``pop(wait=)``).
 MAX_WAIT_S = 300.0
-#: Headers as JSON, in UTF-8 bytes: what a TEXT column holds on every backend
-#: (MySQL/MariaDB TEXT: 65,535 bytes).
-MAX_HEADERS_BYTES = 65_535
-#: Most headers (keys) a message may carry: what bounds a filter's macros over
-#: ``headers``, and so what a filter costs each publish.
-MAX_HEADERS = 128
 MAX_ERROR_CHARS = 4000
 MAX_DEDUP_KEY = 200
 #: Largest id (message, delivery, ``after_id``): a signed 64-bit BIGINT.
 MAX_ID = 2**63 - 1
 
-#: What no backend stores in text: NUL (PostgreSQL refuses it) and lone
-#: surrogates (not encodable as UTF-8, which every driver sends).
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -54,7 +46,7 @@ def storable(text: str) -> str:
     For text novaque keeps but does not look up by (error texts, reasons):
     what a handler raised must never make a settle fail.
     """
-    return _UNSTORABLE.sub("\ufffd", text)
+    return UNSTORABLE.sub("\ufffd", text)
 
 
 def name(value: object, kind: str) -> str:
@@ -218,7 +210,7 @@ def dedup_key(value: object, name: str = "dedup_key") -> str | None:
     if not 1 <= len(value) <= MAX_DEDUP_KEY:
         raise InvalidOption(f"{name} must be 1-200 characters, got {len(value)}")
     # A key is looked up exactly: refuse what cannot be stored, never alter it.
-    bad = _UNSTORABLE.search(value)
+    bad = UNSTORABLE.search(value)
     if bad is not None:
         raise InvalidOption(
             f"{name} {value[:60]!r} holds {bad.group()!r} at index {bad.start()}: "

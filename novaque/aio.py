@@ -18,7 +18,7 @@ name, parameters, defaults, results and errors::
 One implementation serves both twins. The asyncio client runs the sync
 client's own code on the ``AsyncEngine``'s ``sync_engine`` inside SQLAlchemy's
 greenlet bridge (``greenlet_spawn``'s protocol, what ``AsyncConnection.run_sync``
-does, in greenlets kept for the next call: :mod:`novaque._bridge`):
+does, in greenlets kept for the next call: ``novaque._bridge``):
 each statement is awaited on the event loop by the async driver, and every
 wait (SQLite's writer turn, a retry's pause, a consumer idling, a heartbeat's
 tick) is an ``await``, so one event loop serves the application and novaque
@@ -125,7 +125,9 @@ class AsyncClient:
         #: The application's engine.
         self.engine = engine
         self._core = _Core(engine.sync_engine, options)
+        #: The client's :class:`~novaque.Options` (the defaults when none were given).
         self.options = self._core.options
+        #: The logger novaque logs to (``Options.logger``).
         self.log = self._core.log
 
     def __repr__(self) -> str:
@@ -411,32 +413,37 @@ class AsyncConsumer:
 
     @property
     def topic(self) -> str:
+        """The topic it consumes."""
         return self._consumer.topic
 
     @property
     def channel(self) -> str:
+        """The channel of :attr:`topic` it consumes."""
         return self._consumer.channel
 
     @property
     def handler(self) -> AsyncHandler:
+        """The coroutine function it awaits on each message."""
         return self._consumer.handler  # type: ignore[return-value]
 
     @property
     def max_in_flight(self) -> int:
+        """The most handlers it runs at once (its workers)."""
         return self._consumer.max_in_flight
 
     @property
     def lease(self) -> float:
-        """Seconds."""
+        """The lease each claim takes, in seconds."""
         return self._consumer.lease
 
     @property
     def backoff(self) -> Backoff:
+        """The retry delays after a handler raised."""
         return self._consumer.backoff
 
     @property
     def poll_interval(self) -> float:
-        """Seconds."""
+        """The longest it idles between two claims when nothing is due, in seconds."""
         return self._consumer.poll_interval
 
     @property

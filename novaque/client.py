@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from novaque import dialects
 from novaque._core import CoreClient
-from novaque._operate import Operations
+from novaque._operator_calls import Operations
 from novaque._runtime import Runtime
 from novaque.errors import InvalidOption
 from novaque.options import Options
@@ -81,7 +81,7 @@ class Client(CoreClient):
     ) -> None:
         self.shutdown()
 
-    # -- the operator's calls (novaque._operate) -------------------------------------------
+    # -- the operator's calls (novaque._operator_calls) -------------------------------------
 
     channel_counters = _forward("_operations", Operations.channel_counters)
     topic_counters = _forward("_operations", Operations.topic_counters)

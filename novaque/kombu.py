@@ -10,7 +10,7 @@ Two lines::
 ``novaque+`` is followed by any SQLAlchemy URL novaque supports (PostgreSQL,
 MySQL/MariaDB, SQLite), as kombu's own ``sqla+`` transport takes it.
 
-How kombu's model maps onto novaque's (docs/guide.md, "Celery", says the same
+How kombu's model maps onto novaque's (docs/how-to/celery.md says the same
 for users):
 
 - A kombu **queue** is a novaque **channel** (named after the queue). Every

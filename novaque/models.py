@@ -31,16 +31,29 @@ class Message:
     updates ``lease_expires_at`` in place.
     """
 
+    #: The message's id, as ``publish`` returned it (the same in every channel).
     id: int
+    #: The topic it was published to.
     topic: str
+    #: The channel this delivery belongs to.
     channel: str
+    #: The body, as published (a ``str`` body is stored encoded UTF-8).
     body: bytes
+    #: The headers given at publish (``{}`` when none).
     headers: dict[str, str]
+    #: Attempts made on this delivery, this one included (1 on the first).
     attempts: int
+    #: Attempts allowed before the delivery is dead-lettered.
     max_attempts: int
+    #: When the message was published (aware UTC).
     published_at: datetime
+    #: The delivery's id in its channel: what dead letters, ``defer`` and
+    #: ``claim_deferred`` name it by.
     delivery_id: int
+    #: The token of this lease; a settle with a token no longer current raises
+    #: :class:`~novaque.LeaseLost`.
     lease_token: str
+    #: When the lease runs out (aware UTC), unless renewed.
     lease_expires_at: datetime
     #: The ordering key given at publish (None when none).
     group: str | None = None

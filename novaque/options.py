@@ -109,7 +109,7 @@ class Options:
     Durations accept a ``timedelta`` or a number of seconds and are stored as
     given; the client converts them. ``clock``, when set, is used for every
     time decision (tests move it to expire leases without sleeping); when unset
-    novaque uses the database server's clock (see the guide, "Time").
+    novaque uses the database server's clock (docs/reference.md, "Time").
     ``watch_interval`` is how often the change watcher of SQLite and
     MySQL/MariaDB looks for new deliveries of other processes while consumers
     or long polls wait (``None``: no watcher, they poll every

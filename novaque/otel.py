@@ -44,7 +44,8 @@ messaging semantic conventions (schema 1.28):
 
 All attributes have ``messaging.system = "novaque"`` and
 ``messaging.destination.name`` = the topic. Nothing of this runs, and
-:mod:`novaque` does not import OpenTelemetry, until :meth:`instrument` is
+:mod:`novaque` does not import OpenTelemetry, until
+:meth:`NovaqueInstrumentor.instrument` is
 called: the core holds two hooks (``novaque._hooks``) that stay ``None``.
 """
 

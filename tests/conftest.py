@@ -334,6 +334,10 @@ def _twin_loop() -> _twin.Loop:
 
 
 TWINS = ("sync", "aio")
+#: The two ways a hot operation runs (a module that uses the ``way`` fixture
+#: runs on both): in the driver's SQL where the dialect writes it so, and
+#: through SQLAlchemy Core.
+WAYS = ("driver", "core")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -350,6 +354,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         # threads) is marked sync_only.
         sync_only = metafunc.definition.get_closest_marker("sync_only") is not None
         metafunc.parametrize("twin", ["sync"] if sync_only else TWINS, indirect=True)
+    if "way" in metafunc.fixturenames:
+        metafunc.parametrize("way", WAYS)
 
 
 @pytest.fixture
@@ -379,7 +385,12 @@ def client(request: pytest.FixtureRequest, backend: Backend, clock: FakeClock) -
     twin of the test's ``twin`` parameter where the module runs on both."""
     if "twin" in request.fixturenames:
         request.getfixturevalue("twin")
-    return backend.client(clock=clock)
+    made = backend.client(clock=clock)
+    if "way" in request.fixturenames:
+        # The executor's own switch: "core" runs every operation through
+        # SQLAlchemy Core, as an engine with cursor events does.
+        made._executor.use_driver = request.getfixturevalue("way") == "driver"
+    return made
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ and one when it ends::
 Linux). A message whose body starts with ``hang`` blocks its handler until
 the process dies. The process touches ``OUT.ready`` when subscribed, starts
 consuming when the file ``go`` appears next to OUT, and shuts down cleanly
-on SIGTERM (the recipe of the guide).
+on SIGTERM (the recipe of docs/tutorial.md, "6. Deploy").
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def main() -> None:
     consumer = client.subscribe(
         args.topic, args.channel, handler, max_in_flight=args.max_in_flight, lease=args.lease
     )
-    # The SIGTERM recipe of the guide: a signal sets an event; the main
+    # The SIGTERM recipe of docs/tutorial.md: a signal sets an event; the main
     # thread waits for it, then shuts down gracefully.
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())

@@ -10,7 +10,7 @@ import pytest
 import novaque
 from novaque.testing import FakeClock
 
-pytestmark = [pytest.mark.usefixtures("twin"), pytest.mark.pooled]
+pytestmark = [pytest.mark.usefixtures("twin", "way"), pytest.mark.pooled]
 
 
 def setup(client: novaque.Client, n: int) -> tuple[list[int], int]:

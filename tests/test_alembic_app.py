@@ -1,7 +1,8 @@
-"""The guide's two Alembic recipes, end to end in a throwaway application.
+"""The two Alembic recipes of docs/how-to/migrations.md, end to end in a
+throwaway application.
 
 Each test builds an application Alembic environment in ``tmp_path`` (a real
-``alembic.ini``, the guide's ``env.py``, one application migration creating
+``alembic.ini``, the docs' ``env.py``, one application migration creating
 ``things``) and drives the real ``alembic`` command in a subprocess on a
 fresh database of each backend.
 """
@@ -23,6 +24,7 @@ import novaque
 from novaque import schema
 from tests import _preloaded
 from tests.conftest import Backend
+from tests.test_docs import doc_file, fenced
 
 ROOT = Path(__file__).resolve().parent.parent
 NOVAQUE_TABLES = {t.name for t in schema.metadata.sorted_tables}
@@ -45,15 +47,14 @@ things = sa.Table("things", metadata, sa.Column("id", sa.Integer, primary_key=Tr
 """
 
 
-def guide_env() -> str:
-    guide = (ROOT / "docs" / "guide.md").read_text()
-    (env,) = [b for b in re.findall(r"```python\n(.*?)```", guide, re.S) if "# file: env.py" in b]
-    return str(env)
+def docs_env() -> str:
+    """The ``env.py`` of docs/how-to/migrations.md."""
+    return doc_file("env.py")
 
 
-def guide_ini_lines() -> list[str]:
-    guide = (ROOT / "docs" / "guide.md").read_text()
-    (ini,) = re.findall(r"```ini\n(.*?)```", guide, re.S)
+def docs_ini_lines() -> list[str]:
+    """The ``alembic.ini`` of docs/how-to/migrations.md (the docs' one ini block)."""
+    (ini,) = fenced("ini")
     return str(ini).splitlines()
 
 
@@ -75,7 +76,7 @@ class App:
         (root / "myapp").mkdir()
         (root / "myapp" / "__init__.py").write_text("")
         (root / "myapp" / "models.py").write_text(textwrap.dedent(MODELS))
-        env = guide_env()
+        env = docs_env()
         if branch:  # the branch recipe: the same env.py without novaque's line
             env = "\n".join(line for line in env.splitlines() if "schema.upgrade" not in line)
         if connection:  # the older recipe: novaque.schema.upgrade(connection)
@@ -93,7 +94,7 @@ class App:
         )
         ini = ["[alembic]", "script_location = %(here)s/migrations", "prepend_sys_path = ."]
         if branch:
-            ini = guide_ini_lines()
+            ini = docs_ini_lines()
         (root / "alembic.ini").write_text(
             "\n".join([*ini, f"sqlalchemy.url = {url.replace('%', '%%')}", ""])
         )
@@ -130,7 +131,7 @@ class App:
 
 
 def connection_recipe(env: str) -> str:
-    """The guide's env.py with the connection passed instead of ``context``,
+    """The docs' env.py with the connection passed instead of ``context``,
     in the online branch and (opening one, as some env.py files do) offline."""
     online = "        novaque.schema.upgrade(context)  # novaque's migrations, after yours"
     offline = "    novaque.schema.upgrade(context)  # novaque's DDL, printed after yours"
@@ -252,7 +253,7 @@ def test_connection_recipe_is_offline_safe_and_upgrades_both(
 def from_the_source_tree(app: App) -> App:
     """From the source tree novaque's scripts are not inside the package: point
     at them by path (test_branch_recipe_from_an_installed_layout covers the
-    resource name of the guide)."""
+    resource name of the docs)."""
     assert f"{schema.version_location()}" == str(ROOT / "migrations" / "versions")
     ini = (app.root / "alembic.ini").read_text()
     (app.root / "alembic.ini").write_text(
@@ -397,7 +398,7 @@ def test_branch_recipe_with_an_older_novaque_revision_asks_for_alembic(
 
 
 def test_branch_recipe_from_an_installed_layout(tmp_path: Path) -> None:
-    """The guide's ``novaque:migrations/versions`` names the folder of the wheel."""
+    """The docs' ``novaque:migrations/versions`` names the folder of the wheel."""
     site = tmp_path / "site"
     ignore = shutil.ignore_patterns("__pycache__")
     shutil.copytree(ROOT / "novaque", site / "novaque", ignore=ignore)

@@ -175,13 +175,13 @@ def test_a_consumer_process_killed_with_sigkill_disappears_after_maintenance(
 
 @pytest.mark.sync_only
 def test_a_forked_child_forgets_its_parents_consumers(client: novaque.Client) -> None:
-    from novaque import _presence
+    from novaque import _consumers_online
 
     consumer = client.subscribe_and_start("t", "c", Recorder())
     presence = client._runtime.presence
     loop = presence._loop
     assert loop is not None
-    _presence._forget_in_child()  # what os.fork runs in the child
+    _consumers_online._forget_in_child()  # what os.fork runs in the child
     try:
         assert (presence._rows, presence._loop) == ({}, None)
         # The child's own consumer gets a row and a loop of its own.

@@ -258,24 +258,19 @@ if __name__ == "__main__":
 """
 
 
-def test_the_guide_project_publishes_and_consumes(tmp_path: Path) -> None:
-    """The guide's Django chapter, as a project of its own on SQLite: its
-    files, Django's own manage.py, and the commands the guide shows."""
+def test_the_docs_django_project_publishes_and_consumes(tmp_path: Path) -> None:
+    """docs/how-to/django.md, as a project of its own on SQLite: its files,
+    Django's own manage.py, and the commands the page shows."""
     import django
 
-    from tests.test_docs import blocks, marker
+    from tests.test_docs import doc_file
 
     if django.VERSION < (5, 1):
-        pytest.skip("the guide's settings use SQLite's transaction_mode (Django >= 5.1)")
+        pytest.skip("the docs' settings use SQLite's transaction_mode (Django >= 5.1)")
 
-    files = {
-        marker(b).removeprefix("file: "): b
-        for b in blocks("docs/guide.md")
-        if marker(b).startswith("file: ")
-    }
     for name in ("mysite/settings.py", "shop/models.py", "shop/orders.py", "shop/handlers.py"):
         (tmp_path / name).parent.mkdir(exist_ok=True)
-        (tmp_path / name).write_text(files[name])
+        (tmp_path / name).write_text(doc_file(name))
     (tmp_path / "mysite" / "__init__.py").write_text("")
     (tmp_path / "shop" / "__init__.py").write_text("")
     (tmp_path / "manage.py").write_text(MANAGE_PY)

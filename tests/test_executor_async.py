@@ -22,6 +22,7 @@ import novaque.aio
 from novaque import _executor, dialects
 from novaque._executor import AsyncExecutor
 from novaque.dialects.engines import configure_sqlite
+from novaque.dialects.params import ClaimParams
 from novaque.ops import consume, topology
 from tests._twin import async_url
 from tests.conftest import Backend
@@ -41,7 +42,7 @@ async def _drain(
     def claim_and_ack(conn: sa.Connection) -> list[int]:
         cid = topology.existing_channel_id(conn, "t", "c")
         token = secrets.token_hex(16)
-        rows, at, _ = consume.claim(conn, dialect, now, cid, 3, LEASE_US, token)
+        rows, at, _ = consume.claim(conn, dialect, now, ClaimParams(cid, 3, LEASE_US, token))
         msgs = consume.messages_of(rows, "t", "c", cid, token, at)
         lost, _ = consume.ack(conn, dialect, now, msgs)
         assert lost == []

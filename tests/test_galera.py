@@ -336,13 +336,13 @@ def test_a_node_killed_mid_run_loses_nothing_and_rejoins(
     print(f"node 2 rejoined in {rejoin_s:.1f} s")
 
 
-def test_the_guides_publishing_example_holds_on_galera(channel: Cluster) -> None:
-    """The cluster steps auto-increment ids by its size: the guide's example
-    must not assume consecutive ids."""
-    (example,) = [b for b in blocks("docs/guide.md") if 'publish_many("orders"' in b]
+def test_the_tutorials_publishing_example_holds_on_galera(channel: Cluster) -> None:
+    """The cluster steps auto-increment ids by its size: the tutorial's
+    publishing example must not assume consecutive ids."""
+    (example,) = [b for b in blocks("docs/tutorial.md") if 'publish_many("orders"' in b]
     client = novaque.connect(channel.urls[0])
     try:
-        exec(compile(example, "guide: Publishing", "exec", dont_inherit=True), {"client": client})
+        exec(compile(example, "tutorial: Publish", "exec", dont_inherit=True), {"client": client})
     finally:
         client.shutdown()
 

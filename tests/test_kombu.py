@@ -33,6 +33,7 @@ from novaque.testing import FakeClock
 from tests import _preloaded, _procs
 from tests.celery_app import make_app
 from tests.conftest import Backend, driverless
+from tests.test_docs import doc_file
 
 ROOT = Path(__file__).resolve().parent.parent
 WAIT = 60.0
@@ -351,7 +352,7 @@ def test_consumer_drains_with_prefetch_and_purge_counts(broker: str) -> None:
 
 
 def test_celery_task_arguments_fit_in_three_quarters_of_max_body_bytes(broker: str) -> None:
-    """What the guide says of large task arguments: kombu sends them base64-encoded
+    """What docs/how-to/celery.md says of large task arguments: kombu sends them base64-encoded
     in a JSON envelope, so the default 1 MiB body holds about 766 KiB of them."""
 
     def send(size: int, **options: Any) -> None:
@@ -462,18 +463,12 @@ def test_celery_task_of_a_killed_worker_runs_again(
     second.stop()
 
 
-def guide_file(name: str) -> str:
-    text = (ROOT / "docs" / "guide.md").read_text()
-    (block,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if f"# file: {name}" in b]
-    return block
-
-
 @pytest.mark.slow
-def test_the_guide_celery_example_runs(tmp_path: Path, workers: list[Worker]) -> None:
-    """The guide's tasks.py and send.py as written, with a default worker
+def test_the_docs_celery_example_runs(tmp_path: Path, workers: list[Worker]) -> None:
+    """docs/how-to/celery.md's tasks.py and send.py as written, with a default worker
     (mingle, gossip and heartbeats on), and remote control answering."""
     for name in ("tasks.py", "send.py"):
-        (tmp_path / name).write_text(guide_file(name))
+        (tmp_path / name).write_text(doc_file(name))
     log = tmp_path / "worker.log"
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     with log.open("wb") as out:

@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 import novaque
-from novaque import _operate
+from novaque import _operator_calls
 from novaque._time import to_us
 from novaque.ops import _sql
 from novaque.schema import (
@@ -152,7 +152,7 @@ def test_query_uses_its_index(backend: Backend, clock: FakeClock, query: str) ->
         check_claim(client, channel_id, now)
         return
     if query == "list_dead":
-        stmt = _operate.DEAD_PAGE
+        stmt = _operator_calls.DEAD_PAGE
         params = {"p_channel": channel_id, "p_after": 0, "p_limit": 100}
         index = "ix_novaque_deliveries_claim"
     elif query.startswith("dead_bytes"):  # dead-letter bytes: the channel's dead range
@@ -160,7 +160,7 @@ def test_query_uses_its_index(backend: Backend, clock: FakeClock, query: str) ->
         params = {"p_channel": channel_id, "p_max": 10}
         index = "ix_novaque_deliveries_claim"
     else:
-        stmt = _operate.BACKLOG
+        stmt = _operator_calls.BACKLOG
         params = {"p_channel": channel_id, "p_now": now}
         index = "ix_novaque_deliveries_state"
     check(plan_of(client, stmt, params), index)

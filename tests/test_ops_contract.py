@@ -19,6 +19,7 @@ import novaque
 from novaque import dialects
 from novaque._stats import StatsBuffer
 from novaque._time import US
+from novaque.dialects.params import ClaimParams
 from novaque.ops import Effects, consume, maintain, topology
 from novaque.ops import publish as publish_op
 from novaque.schema import deliveries
@@ -72,7 +73,7 @@ def leased(
 ) -> list[novaque.Message]:
     cid = channel_id(conn, topic, channel)
     token = secrets.token_hex(16)
-    rows, at, _ = consume.claim(conn, dialect, now, cid, n, LEASE_US, token, False)
+    rows, at, _ = consume.claim(conn, dialect, now, ClaimParams(cid, n, LEASE_US, token))
     return consume.messages_of(rows, topic, channel, cid, token, at)
 
 
@@ -105,16 +106,15 @@ def test_claim_ack_and_ack_and_claim(db: Any) -> None:
     with engine.begin() as conn:
         cid = channel_id(conn, "t", "c")
         token = secrets.token_hex(16)
-        rows, at, effects = consume.claim(conn, dialect, now, cid, 2, LEASE_US, token, False)
+        rows, at, effects = consume.claim(conn, dialect, now, ClaimParams(cid, 2, LEASE_US, token))
     assert at == now
     assert {r.until for r in rows} == {now + LEASE_US}
     assert [r.body for r in rows] == [b"1", b"2"]
     assert counts(effects) == {("claimed", cid): 2}
     first = consume.messages_of(rows, "t", "c", cid, token, at)
     with engine.begin() as conn:
-        lost, claimed, _, effects = consume.ack_and_claim(
-            conn, dialect, now, first[:1], cid, 10, LEASE_US, secrets.token_hex(16), False
-        )
+        claim = ClaimParams(cid, 10, LEASE_US, secrets.token_hex(16))
+        lost, claimed, _, effects = consume.ack_and_claim(conn, dialect, now, first[:1], claim)
     assert lost == []
     assert [r.body for r in claimed] == [b"3"]  # the acked one gone, the leased one skipped
     assert counts(effects) == {("acked", cid): 1, ("claimed", cid): 1}
@@ -123,7 +123,9 @@ def test_claim_ack_and_ack_and_claim(db: Any) -> None:
     assert lost == [first[0]]  # acked already: its lease is gone
     assert counts(effects) == {("acked", cid): 1}
     with engine.begin() as conn:
-        rows, _, effects = consume.claim(conn, dialect, now, cid, 5, LEASE_US, "t" * 32, False)
+        rows, _, effects = consume.claim(
+            conn, dialect, now, ClaimParams(cid, 5, LEASE_US, "t" * 32)
+        )
     assert rows == []
     assert counts(effects) == {}
 

@@ -274,7 +274,7 @@ def test_an_ordered_ack_and_claim_hands_out_the_next_deliveries_of_the_groups_it
     if watched:
         sa.event.listen(client.engine, "before_cursor_execute", watch)
     try:
-        assert client._on_driver("ack_ordered_claim") is (
+        assert client._executor.drives("ack_ordered_claim") is (
             backend.name == "postgres" and not watched
         )
         client.ensure_channel("t", "c", ordering="group_fifo")

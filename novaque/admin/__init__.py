@@ -45,8 +45,8 @@ def create_app(
 
     ``metrics=True`` serves ``{prefix}/metrics`` in the Prometheus text format
     (``novaque_backlog``, ``novaque_oldest_ready_age_seconds``,
-    ``novaque_today_total``, ``novaque_consumers``; see the guide,
-    "Observability"), behind the same basic auth; it needs the
+    ``novaque_today_total``, ``novaque_consumers``; see
+    docs/how-to/monitoring.md), behind the same basic auth; it needs the
     ``prometheus`` extra (``pip install 'novaque[prometheus]'``). Without it
     the path answers 404.
     """

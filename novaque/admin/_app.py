@@ -94,8 +94,11 @@ class AdminApp:
                 "basic_auth must be a (user, password) pair of strings, with a non-empty user "
                 "name without ':'"
             )
+        #: The client whose database the app shows and changes.
         self.client = client
+        #: Where the app lives in ``PATH_INFO`` (no trailing ``/``; ``""``: the root).
         self.prefix = prefix.rstrip("/")
+        #: The ``(user, password)`` every request must send, or None: no auth.
         self.basic_auth = basic_auth
         self._pages: list[tuple[str, re.Pattern[str], Handler]] = []
         self._api: list[tuple[str, re.Pattern[str], Handler]] = []

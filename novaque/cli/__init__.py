@@ -14,6 +14,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from novaque import __version__
 from novaque.cli import admin, bench, dead, demo, publish, schema, stats, topology
 from novaque.cli._common import Context, one_line
 
@@ -27,8 +28,6 @@ _GROUPS = (schema, topology, stats, dead, publish, admin, demo, bench)
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every command."""
-    from novaque import __version__
-
     parser = argparse.ArgumentParser(
         prog="novaque",
         description="Operate novaque queues in your database.",

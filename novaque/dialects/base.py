@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
-from novaque.errors import UnsupportedDatabase
-from novaque.schema import (
+from novaque._tables import (
     COUNTER_COLUMNS,
     STATE_LEASED,
     STATE_READY,
@@ -34,6 +33,14 @@ from novaque.schema import (
     messages,
     stats,
 )
+from novaque.dialects.params import (
+    AckClaimParams,
+    ClaimParams,
+    Link,
+    Plain,
+    PublishParams,
+)
+from novaque.errors import UnsupportedDatabase
 
 T = TypeVar("T")
 #: A SELECT of any columns (its type kept through a locking clause added).
@@ -68,7 +75,8 @@ class NotifyListener(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ClaimedRow:
-    """One claimed delivery with its message, as the dialects return it."""
+    """One claimed delivery with its message, as the dialects return it
+    (made by :func:`claimed_rows` alone, from columns named as its fields)."""
 
     delivery_id: int
     message_id: int
@@ -83,11 +91,57 @@ class ClaimedRow:
     channel_lease: int | None
     #: The message's group, and the delivery's key in its channel's ordering
     #: (None: unordered; the group on group_fifo, "" on strict_fifo).
-    group: str | None = None
+    group_key: str | None = None
     order_key: str | None = None
     #: The lease's token where it is not the claim's own (None): a repeated
     #: ``attempt_id`` returns leases taken by earlier claims.
     token: str | None = None
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+def claimed_rows(
+    rows: Iterable[Mapping[str, Any]], *, text: Callable[[Any], Any] = _as_is, **fixed: Any
+) -> list[ClaimedRow]:
+    """The claimed deliveries of ``rows``, each read by its columns' names (the
+    fields of :class:`ClaimedRow`; ``fixed``: values given instead, for every
+    row), in delivery id order. ``text``: how a driver's value of a group key
+    becomes text, where the driver path reads it raw (MySQL's binary keys)."""
+    found = []
+    for row in rows:
+        r = {**row, **fixed} if fixed else row
+        lease = r["channel_lease"]
+        found.append(
+            ClaimedRow(
+                int(r["delivery_id"]),
+                int(r["message_id"]),
+                int(r["attempts"]),
+                int(r["max_attempts"]),
+                bytes(r["body"]),
+                r["headers"],
+                int(r["published_at"]),
+                int(r["until"]),
+                None if lease is None else int(lease),
+                text(r["group_key"]),
+                text(r["order_key"]),
+                r.get("token"),
+            )
+        )
+    found.sort(key=lambda row: row.delivery_id)
+    return found
+
+
+def named(cursor: Any) -> list[dict[str, Any]]:
+    """The rows of a DBAPI ``cursor``'s current result, each a dict by column name."""
+    names = [column[0] for column in cursor.description]
+    return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+
+
+def mappings(result: Iterable[Any]) -> Iterator[Mapping[str, Any]]:
+    """The rows of a SQLAlchemy result, each by column name."""
+    return (row._mapping for row in result)
 
 
 # -- statements shared by several dialects ------------------------------------
@@ -146,16 +200,23 @@ def leasing(pick: sa.Select[Any]) -> sa.Update:
         .where(d.c.id.in_(pick.scalar_subquery()))
         .values(_lease_values)
         .returning(
-            d.c.id,
+            d.c.id.label("delivery_id"),
             d.c.message_id,
             d.c.attempts,
             d.c.max_attempts,
-            d.c.visible_at,
+            d.c.visible_at.label("until"),
             _channel_lease.label("channel_lease"),
             d.c.group_key.label("order_key"),
         )
     )
 
+
+#: The message fields of each delivery a statement reads, as primary-key
+#: subqueries (RETURNING cannot join), named as a claimed row's.
+message_columns = tuple(
+    sa.select(col).where(m.c.id == d.c.message_id).correlate(d).scalar_subquery().label(col.name)
+    for col in (m.c.body, m.c.headers, m.c.published_at, m.c.group_key)
+)
 
 _claim_update_returning = leasing(_claim_ids)
 #: Receive-and-delete: the due deliveries the claim would lease, deleted, each
@@ -165,20 +226,17 @@ _pop_delete_returning = (
     sa.delete(d)
     .where(d.c.id.in_(_claim_ids.scalar_subquery()))
     .returning(
-        d.c.id,
+        d.c.id.label("delivery_id"),
         d.c.message_id,
-        d.c.attempts + 1,
+        (d.c.attempts + 1).label("attempts"),
         d.c.max_attempts,
-        *(
-            sa.select(col).where(m.c.id == d.c.message_id).correlate(d).scalar_subquery()
-            for col in (m.c.body, m.c.headers, m.c.published_at, m.c.group_key)
-        ),
-        d.c.group_key,
+        *message_columns,
+        d.c.group_key.label("order_key"),
     )
 )
-_message_fields = sa.select(m.c.id, m.c.body, m.c.headers, m.c.published_at, m.c.group_key).where(
-    m.c.id.in_(sa.bindparam("p_ids", expanding=True))
-)
+_message_fields = sa.select(
+    m.c.id.label("message_id"), m.c.body, m.c.headers, m.c.published_at, m.c.group_key
+).where(m.c.id.in_(sa.bindparam("p_ids", expanding=True)))
 #: A channel every message of its topic goes to in publish order: no filter,
 #: standard ordering. The others are "routed": the publish's own statements
 #: skip them and ``novaque.ops.publish`` writes their deliveries.
@@ -239,7 +297,7 @@ def insert_message_sql(mark: str, body: str | None = None) -> str:
 
 def message_values(fields: dict[str, Any], body: bytes) -> tuple[Any, ...]:
     """The parameters of :func:`insert_message_sql` for one message without a
-    group (``fields``: as :meth:`Dialect.publish_one_driver` takes them)."""
+    group (``fields``: as :class:`PublishParams` holds them)."""
     return (
         fields["topic_id"],
         body,
@@ -274,49 +332,41 @@ def has_routed_sql(mark: str) -> str:
     )
 
 
-#: What a publish on the driver path wrote: the message id, the deliveries per
-#: channel, and the topic's fan-out plan for the next publish (or None; see
-#: :meth:`Dialect.publish_one_driver`).
-DriverPublished = tuple[int, dict[int, int], str | None]
+#: What a publish declined: the topic has routed channels, nothing was written.
+DECLINED = Plain([], {}, True)
 
 
 def publish_one_committed(
-    dbapi: Any,
-    sql: tuple[str, str, str],
-    fields: dict[str, Any],
-    body: bytes,
-    visible: int,
-    begin: str | None = None,
-) -> DriverPublished | None:
-    """One message and its deliveries to the plain channels in a transaction of
-    its own on the DBAPI connection ``dbapi`` (``begin``: the statement that
-    starts it, where the driver begins none itself), with the dialect's
-    :func:`insert_message_sql`, :func:`fan_out_one_sql` and
-    :func:`has_routed_sql`: the message id and the deliveries per channel,
-    committed, or None, rolled back, when the topic has routed channels."""
+    dbapi: Any, sql: tuple[str, str, str], p: PublishParams, begin: str | None = None
+) -> Plain:
+    """The one message of ``p`` and its deliveries to the plain channels in a
+    transaction of its own on the DBAPI connection ``dbapi`` (``begin``: the
+    statement that starts it, where the driver begins none itself), with the
+    dialect's :func:`insert_message_sql`, :func:`fan_out_one_sql` and
+    :func:`has_routed_sql`: committed, or rolled back (:data:`DECLINED`) when
+    the topic has routed channels."""
     cursor = dbapi.cursor()
     try:
         if begin is not None:
             cursor.execute(begin)
-        done = _publish_one_on(cursor, sql, fields, body, visible)
+        done = _publish_one_on(cursor, sql, p)
     finally:
         cursor.close()
-    if done is None:
+    if done is DECLINED:
         dbapi.rollback()
     else:
         dbapi.commit()
     return done
 
 
-def _publish_one_on(
-    cursor: Any, sql: tuple[str, str, str], fields: dict[str, Any], body: bytes, visible: int
-) -> DriverPublished | None:
+def _publish_one_on(cursor: Any, sql: tuple[str, str, str], p: PublishParams) -> Plain:
     """:func:`publish_one_committed`'s statements, on ``cursor``."""
     insert, fan_out, has_routed = sql
-    topic_id = fields["topic_id"]
-    cursor.execute(insert, message_values(fields, body))
+    [body] = p.bodies
+    topic_id = p.fields["topic_id"]
+    cursor.execute(insert, message_values(p.fields, body))
     message_id = int(cursor.lastrowid)
-    cursor.execute(fan_out, (message_id, visible, fields["max_attempts"], topic_id, topic_id))
+    cursor.execute(fan_out, (message_id, p.visible, p.fields["max_attempts"], topic_id, topic_id))
     found = cursor.fetchall()
     if found:
         special = bool(found[0][1])
@@ -324,8 +374,8 @@ def _publish_one_on(
         cursor.execute(has_routed, (topic_id,))
         special = bool(cursor.fetchone()[0])
     if special:
-        return None
-    return message_id, {int(row[0]): 1 for row in found}, None
+        return DECLINED
+    return Plain([message_id], {int(row[0]): 1 for row in found}, False)
 
 
 _channels_of_topic = (
@@ -341,6 +391,13 @@ _ack_delete_returning = (
     )
     .returning(d.c.id)
 )
+
+
+def core(link: Link) -> sa.Connection:
+    """``link`` as the SQLAlchemy connection it must be: only the operations of
+    :meth:`Dialect.driver_ops` are ever handed a :class:`Driver`."""
+    assert isinstance(link, sa.Connection), "no driver form of this operation"
+    return link
 
 
 class Dialect:
@@ -496,113 +553,45 @@ class Dialect:
             ],
         )
 
-    def publish_plain(
-        self,
-        conn: sa.Connection,
-        topic: str,
-        fields: dict[str, Any],
-        bodies: list[bytes],
-        visible: int,
-        *,
-        routed: bool = True,
-        groups: Sequence[str | None] | None = None,
-    ) -> tuple[list[int], dict[int, int], bool]:
+    def publish_plain(self, link: Link, p: PublishParams) -> Plain:
         """Insert messages without dedup keys and one delivery per plain channel.
 
-        ``fields`` holds the columns every message shares (``topic_id``,
-        ``headers``, ``published_at``, ``expires_at``, ``max_attempts``);
-        ``groups`` one ordering key (or None) per body (default: none).
-        Returns the message ids in the order of ``bodies``, the number of
+        ``p.groups``: one ordering key (or None) per body (default: none).
+        Returns the message ids in the order of the bodies, the number of
         deliveries written per channel id, and whether the topic has routed
         channels (with a filter or an ordering), whose deliveries the caller
         writes in the same transaction; wakes listeners when it wrote any.
 
-        ``routed=False``: the caller expects no routed channel and may run
+        ``p.routed=False``: the caller expects no routed channel and may run
         this as one statement outside a transaction; a dialect that does so
         then writes nothing when the topic has some (returning no ids).
+
+        On a :class:`Driver` link (``"publish_one"`` in :meth:`driver_ops`:
+        one message without a group, ``routed=False``) the dialect runs the
+        whole transaction in the driver's SQL, and may return a plan: what it
+        learned of the topic's channels, for the caller to hand back with the
+        next publish to the topic (``p.plan``), which may then cost less; the
+        database checks it in the same transaction, so a stale one costs time,
+        never a delivery.
         """
-        keys = groups if groups is not None else [None] * len(bodies)
-        ids = self.insert_plain_messages(conn, fields, bodies, keys)
+        conn = core(link)
+        keys = p.groups if p.groups is not None else [None] * len(p.bodies)
+        ids = self.insert_plain_messages(conn, p.fields, p.bodies, keys)
         counts, special = self.fan_out(
-            conn, topic, fields["topic_id"], ids, visible, fields["max_attempts"]
+            conn, p.topic, p.fields["topic_id"], ids, p.visible, p.fields["max_attempts"]
         )
-        return ids, counts, special
+        return Plain(ids, counts, special)
 
     def driver_ops(self, sql_dialect: sa.Dialect) -> frozenset[str]:
-        """The operations written for the driver path on this database (as
-        ``sql_dialect``, SQLAlchemy's dialect of the engine, reports it):
-        ``"publish"`` (:meth:`publish_one_driver`), ``"ack_claim"``
-        (:meth:`ack_and_claim_driver`), ``"ack_ordered_claim"``
-        (:meth:`ack_ordered_and_claim_driver`), ``"claim"``
-        (:meth:`claim_driver`)."""
+        """The operations this dialect runs on a :class:`Driver` link, in the
+        driver's own SQL, on this database (as ``sql_dialect``, SQLAlchemy's
+        dialect of the engine, reports it): ``"publish_one"``
+        (:meth:`publish_plain` of one message), ``"claim"`` (:meth:`claim`
+        without an attempt id), ``"ack_claim"`` and ``"ack_ordered_claim"``
+        (:meth:`ack_and_claim` of unordered or ordered acks). The executor
+        hands those a :class:`Driver` unless something of the engine watches
+        its statements."""
         return frozenset()
-
-    def publish_one_driver(
-        self,
-        dbapi: Any,
-        topic: str,
-        fields: dict[str, Any],
-        body: bytes,
-        visible: int,
-        plan: str | None = None,
-    ) -> DriverPublished | None:
-        """:meth:`publish_plain` of one message without a group, as a whole
-        transaction of novaque's own on the DBAPI connection ``dbapi``, in the
-        driver's SQL (see :meth:`novaque._executor.SyncExecutor.run_driver`):
-        the message id, the deliveries per channel and a plan, or None, having
-        written nothing, when the topic has routed channels.
-
-        A plan is what the dialect learned of the topic's channels, for the
-        caller to hand back on its next publish to the topic (``plan``), which
-        may then cost less; the database checks it in the same transaction,
-        so a stale one costs time, never a delivery. None: no plan."""
-        raise NotImplementedError
-
-    def ack_and_claim_driver(
-        self,
-        dbapi: Any,
-        pairs: Sequence[tuple[int, str]],
-        channel_id: int,
-        limit: int,
-        now: int,
-        until: int,
-        token: str,
-        channel_lease: bool = False,
-    ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
-        """:meth:`ack_and_claim` as a whole transaction of novaque's own on the
-        DBAPI connection ``dbapi``, in the driver's SQL (the driver path)."""
-        raise NotImplementedError
-
-    def ack_ordered_and_claim_driver(
-        self,
-        dbapi: Any,
-        pairs: Sequence[tuple[int, str]],
-        channel_id: int,
-        limit: int,
-        now: int,
-        until: int,
-        token: str,
-        channel_lease: bool = False,
-    ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
-        """:meth:`ack_and_claim_driver` of ordered deliveries (their groups
-        moved on, as :meth:`delete_leased_pairs_moving_groups` does, before
-        the claim looks)."""
-        raise NotImplementedError
-
-    def claim_driver(
-        self,
-        dbapi: Any,
-        channel_id: int,
-        limit: int,
-        now: int,
-        until: int,
-        token: str,
-        channel_lease: bool = False,
-    ) -> list[ClaimedRow]:
-        """:meth:`claim` (without an attempt id) as a whole transaction of
-        novaque's own on the DBAPI connection ``dbapi``, in the driver's SQL
-        (the driver path)."""
-        raise NotImplementedError
 
     def fan_out(
         self,
@@ -768,88 +757,63 @@ class Dialect:
 
     # -- claiming -------------------------------------------------------------------
 
-    def claim(
-        self,
-        conn: sa.Connection,
-        channel_id: int,
-        limit: int,
-        now: int,
-        until: int,
-        token: str,
-        channel_lease: bool = False,
-        attempt_id: str | None = None,
-    ) -> list[ClaimedRow]:
-        """Lease up to ``limit`` due deliveries of a channel, oldest due first.
+    def claim(self, link: Link, p: ClaimParams) -> list[ClaimedRow]:
+        """Lease up to ``p.limit`` due deliveries of a channel, oldest due first.
 
-        The lease ends at ``until``, or with ``channel_lease`` after the
-        channel's own lease if it has one; ``attempt_id`` is stored with each
-        lease (NULL when None). A paused channel gives nothing.
+        The lease ends at ``p.until``, or with ``p.channel_lease`` after the
+        channel's own lease if it has one; ``p.attempt_id`` is stored with
+        each lease (NULL when None). A paused channel gives nothing.
         """
-        params = _claim_params(channel_id, limit, now, until, token, channel_lease, attempt_id)
-        leased = conn.execute(_claim_update_returning, params).all()
-        return self._with_messages(conn, [tuple(r) for r in leased])
+        conn = core(link)
+        leased = conn.execute(_claim_update_returning, p.bind())
+        return self._with_messages(conn, list(mappings(leased)))
 
-    def pop(self, conn: sa.Connection, channel_id: int, limit: int, now: int) -> list[ClaimedRow]:
-        """Delete up to ``limit`` due deliveries of a channel, oldest due first (the
-        ones :meth:`claim` would lease), and return them with their messages, their
-        attempt counted and ``until`` = ``now``. A paused channel gives nothing.
+    def pop(self, conn: sa.Connection, p: ClaimParams) -> list[ClaimedRow]:
+        """Delete up to ``p.limit`` due deliveries of a channel, oldest due first
+        (the ones :meth:`claim` would lease), and return them with their
+        messages, their attempt counted and ``until`` = ``p.now``. A paused
+        channel gives nothing.
 
         Groups are the caller's: an ordered delivery popped was its group's head.
         """
-        params = _claim_params(channel_id, limit, now, now, "", False)
-        rows = [
-            ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6], now, None, r[7], r[8])
-            for r in conn.execute(_pop_delete_returning, params)
-        ]
-        rows.sort(key=lambda row: row.delivery_id)
-        return rows
+        found = conn.execute(_pop_delete_returning, p.bind())
+        return claimed_rows(mappings(found), until=p.now, channel_lease=None)
 
     def _with_messages(
-        self, conn: sa.Connection, leased: Sequence[tuple[Any, ...]]
+        self, conn: sa.Connection, leased: Sequence[Mapping[str, Any]]
     ) -> list[ClaimedRow]:
-        """Rows of (delivery id, message id, attempts, max_attempts, until,
-        channel lease, order key) with their messages read."""
+        """Leases (``delivery_id``, ``message_id``, ``attempts``, ``max_attempts``,
+        ``until``, ``channel_lease``, ``order_key``, maybe ``token``) with their
+        messages read."""
         if not leased:
             return []
-        ids = sorted({row[1] for row in leased})
-        found = {r[0]: r for r in conn.execute(_message_fields, {"p_ids": ids})}
-        rows = [
-            ClaimedRow(
-                did,
-                mid,
-                attempts,
-                max_attempts,
-                bytes(found[mid][1]),
-                found[mid][2],
-                found[mid][3],
-                int(until),
-                channel_lease,
-                found[mid][4],
-                order_key,
-            )
-            for did, mid, attempts, max_attempts, until, channel_lease, order_key in leased
-        ]
-        rows.sort(key=lambda row: row.delivery_id)
-        return rows
+        ids = sorted({row["message_id"] for row in leased})
+        found = {
+            r["message_id"]: r for r in mappings(conn.execute(_message_fields, {"p_ids": ids}))
+        }
+        return claimed_rows({**found[row["message_id"]], **row} for row in leased)
 
     def ack_and_claim(
-        self,
-        conn: sa.Connection,
-        pairs: Sequence[tuple[int, str]],
-        channel_id: int,
-        limit: int,
-        now: int,
-        until: int,
-        token: str,
-        channel_lease: bool = False,
-    ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
-        """:meth:`delete_leased_pairs`, then :meth:`claim`, in the caller's transaction.
+        self, link: Link, p: AckClaimParams
+    ) -> tuple[set[tuple[int, str]], list[ClaimedRow]] | None:
+        """Delete the acked pairs still leased with their token
+        (:meth:`delete_leased_pairs`), then :meth:`claim`, in one transaction:
+        the pairs deleted and the rows claimed.
 
         The deliveries acked are gone before the claim looks, so it never
-        leases one of them (not even one whose lease had expired).
+        leases one of them (not even one whose lease had expired). Ordered
+        acks (``p.ordered``) move their groups on first, where the dialect
+        does that itself (:meth:`delete_leased_pairs_moving_groups`); else it
+        returns None, having done nothing, and the caller moves them on.
         """
-        done = self.delete_leased_pairs(conn, pairs)
-        return done, self.claim(conn, channel_id, limit, now, until, token, channel_lease)
+        conn = core(link)
+        if p.ordered:
+            done = self.delete_leased_pairs_moving_groups(conn, p.pairs)
+            if done is None:
+                return None
+        else:
+            done = self.delete_leased_pairs(conn, p.pairs)
+        return done, self.claim(conn, p.claim)
 
     # -- settling -------------------------------------------------------------------
 
@@ -919,26 +883,6 @@ def _driver_sql(
     if compiled.positional:
         return state.statement, tuple(values[name] for name in state.positiontup or ())
     return state.statement, values
-
-
-def _claim_params(
-    channel_id: int,
-    limit: int,
-    now: int,
-    until: int,
-    token: str,
-    channel_lease: bool,
-    attempt_id: str | None = None,
-) -> dict[str, object]:
-    return {
-        "p_channel": channel_id,
-        "p_now": now,
-        "p_limit": limit,
-        "p_until": until,
-        "p_token": token,
-        "p_channel_lease": int(channel_lease),
-        "p_attempt_id": attempt_id,
-    }
 
 
 def _dotted(version: Iterable[object]) -> str:

@@ -5,18 +5,27 @@ from __future__ import annotations
 import contextlib
 import functools
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql as mysql_dialect
 from sqlalchemy.exc import DBAPIError
 
+from novaque._tables import (
+    COUNTER_COLUMNS,
+    STATE_LEASED,
+    STATE_READY,
+    channels,
+    exact_key_text,
+    groups,
+    stats,
+)
 from novaque.dialects.base import (
+    DECLINED,
     PLAIN_CHANNEL_SQL,
     ClaimedRow,
     Dialect,
-    DriverPublished,
     NotifyListener,
     SelectT,
     _channel_lease,
@@ -27,23 +36,19 @@ from novaque.dialects.base import (
     _inserted_id,
     _lease_values,
     _message_fields,
+    claimed_rows,
     d,
     insert_message_sql,
     m,
+    mappings,
+    message_columns,
     message_values,
+    named,
     plain_channel,
 )
+from novaque.dialects.params import AckClaimParams, ClaimParams, Driver, Link, Plain, PublishParams
 from novaque.dialects.watch import MySQLWatcher
 from novaque.errors import UnsupportedDatabase
-from novaque.schema import (
-    COUNTER_COLUMNS,
-    STATE_LEASED,
-    STATE_READY,
-    channels,
-    exact_key_text,
-    groups,
-    stats,
-)
 
 MIGRATION_LOCK_NAME = "novaque_migrate"
 
@@ -208,8 +213,9 @@ def _lease_block(*, ack: bool, spread: bool = False) -> str:
         "SET lease_until = coalesce(CASE WHEN %(p_channel_lease)s = 1 "
         "THEN %(p_now)s + channel_lease END, %(p_until)s); "
         f"{picks}"
-        "SELECT d.id, d.message_id, d.attempts, d.max_attempts, m.body, m.headers, "
-        "m.published_at, lease_until, channel_lease, m.group_key, d.group_key "
+        "SELECT d.id AS delivery_id, d.message_id, d.attempts, d.max_attempts, m.body, "
+        "m.headers, m.published_at, lease_until AS until, channel_lease, m.group_key, "
+        "d.group_key AS order_key "
         f"FROM {d.name} AS d JOIN {m.name} AS m ON m.id = d.message_id "
         f"WHERE d.channel_id = %(p_channel)s AND d.state = {STATE_LEASED} "
         "AND d.visible_at = lease_until AND d.lease_token = %(p_token)s ORDER BY d.id; "
@@ -217,24 +223,9 @@ def _lease_block(*, ack: bool, spread: bool = False) -> str:
     )
 
 
-def _lease_params(
-    channel_id: int,
-    limit: int,
-    now: int,
-    until: int,
-    token: str,
-    channel_lease: bool,
-    slices: int = 0,
-) -> dict[str, Any]:
+def _lease_params(p: ClaimParams, slices: int = 0) -> dict[str, Any]:
     """The parameters of a :func:`_lease_block` (``slices``: of a spread one)."""
-    params = {
-        "p_channel": channel_id,
-        "p_now": now,
-        "p_until": until,
-        "p_limit": limit,
-        "p_token": token,
-        "p_channel_lease": 1 if channel_lease else 0,
-    }
+    params = p.bind()
     if slices:
         params.update(_slice_params(slices))
     return params
@@ -261,25 +252,10 @@ def _leased_rows(cursor: Any) -> list[ClaimedRow]:
     """The rows a :func:`_lease_block` leased (its current result); its
     remaining results are read here or by the cursor's close, which raise an
     error of its COMMIT."""
-    found = cursor.fetchall()
+    found = named(cursor)
     while cursor.nextset():
         pass
-    return [
-        ClaimedRow(
-            int(r[0]),
-            int(r[1]),
-            int(r[2]),
-            int(r[3]),
-            bytes(r[4]),
-            r[5],
-            int(r[6]),
-            int(r[7]),
-            None if r[8] is None else int(r[8]),
-            exact_key_text(r[9]),
-            exact_key_text(r[10]),
-        )
-        for r in found
-    ]
+    return claimed_rows(found, text=exact_key_text)
 
 
 #: The message insert of the one-message publish blocks, its body a hex
@@ -393,20 +369,17 @@ class MySQLDialect(Dialect):
     # consumer of the channel skip it and claim nothing).
     _lock_ids = (
         sa.select(
-            d.c.id,
+            d.c.id.label("delivery_id"),
             d.c.message_id,
             d.c.attempts,
             d.c.max_attempts,
-            *(
-                sa.select(col).where(m.c.id == d.c.message_id).correlate(d).scalar_subquery()
-                for col in (m.c.body, m.c.headers, m.c.published_at)
-            ),
-            _channel_lease,
+            *message_columns,
+            _channel_lease.label("channel_lease"),
             sa.select(channels.c.paused)
             .where(channels.c.id == sa.bindparam("p_channel"))
-            .scalar_subquery(),
-            sa.select(m.c.group_key).where(m.c.id == d.c.message_id).correlate(d).scalar_subquery(),
-            d.c.group_key,
+            .scalar_subquery()
+            .label("paused"),
+            d.c.group_key.label("order_key"),
         )
         .where(_claim_range)
         .order_by(d.c.visible_at, d.c.id)
@@ -543,97 +516,83 @@ class MySQLDialect(Dialect):
         # across concurrent inserts: ids are only known row by row.
         return [_inserted_id(conn.execute(sa.insert(m), row)) for row in rows]
 
-    def claim(
-        self,
-        conn: sa.Connection,
-        channel_id: int,
-        limit: int,
-        now: int,
-        until: int,
-        token: str,
-        channel_lease: bool = False,
-        attempt_id: str | None = None,
-    ) -> list[ClaimedRow]:
+    def claim(self, link: Link, p: ClaimParams) -> list[ClaimedRow]:
+        if isinstance(link, Driver):
+            block = self._claim_spread if self.slices else self._claim_block
+            cursor = link.dbapi.cursor()
+            try:
+                cursor.execute(block, _lease_params(p, self.slices))
+                return _leased_rows(cursor)
+            finally:
+                cursor.close()
         # No UPDATE ... RETURNING, and no LIMIT inside IN (subquery): lock the
         # rows first (skipping others' locks), then lease exactly those.
-        locked = self._lock_due(conn, channel_id, limit, now)
+        locked = self._lock_due(link, p)
         if not locked:
             return []
-        lease = locked[0][7]
-        if channel_lease and lease is not None:
-            until = now + int(lease)
-        conn.execute(
+        lease = locked[0]["channel_lease"]
+        until = p.now + int(lease) if p.channel_lease and lease is not None else p.until
+        link.execute(
             self._lease,
             {
-                "p_ids": [r[0] for r in locked],
+                "p_ids": [r["delivery_id"] for r in locked],
                 "p_until": until,
-                "p_token": token,
-                "p_attempt_id": attempt_id,
+                "p_token": p.token,
+                "p_attempt_id": p.attempt_id,
             },
         )
-        return self._claimed(conn, locked, until, lease)
+        return self._claimed(link, locked, until, lease)
 
-    def pop(self, conn: sa.Connection, channel_id: int, limit: int, now: int) -> list[ClaimedRow]:
+    def pop(self, conn: sa.Connection, p: ClaimParams) -> list[ClaimedRow]:
         # Two statements: the claim's locking read, then the DELETE of those rows.
-        locked = self._lock_due(conn, channel_id, limit, now)
+        locked = self._lock_due(conn, p)
         if not locked:
             return []
-        conn.execute(self._delete_ids, {"p_ids": [r[0] for r in locked]})
-        return self._claimed(conn, locked, now, None)
+        conn.execute(self._delete_ids, {"p_ids": [r["delivery_id"] for r in locked]})
+        return self._claimed(conn, locked, p.now, None)
 
-    def _lock_due(
-        self, conn: sa.Connection, channel_id: int, limit: int, now: int
-    ) -> Sequence[Any]:
-        """The claim's locking read: up to ``limit`` due deliveries with their
+    def _lock_due(self, conn: sa.Connection, p: ClaimParams) -> list[Mapping[str, Any]]:
+        """The claim's locking read: up to ``p.limit`` due deliveries with their
         message fields and the channel's settings; none when the channel is
         paused. Spread (:attr:`slices`): from one slice first."""
-        params = {"p_channel": channel_id, "p_now": now, "p_limit": limit}
-        locked: Sequence[Any] = ()
+        params = {"p_channel": p.channel_id, "p_now": p.now, "p_limit": p.limit}
+        locked: list[Mapping[str, Any]] = []
         if self.slices:
-            locked = conn.execute(
-                self._lock_ids_in_slice, {**params, **_slice_params(self.slices)}
-            ).all()
+            found = conn.execute(self._lock_ids_in_slice, {**params, **_slice_params(self.slices)})
+            locked = list(mappings(found))
         if not locked:
-            locked = conn.execute(self._lock_ids, params).all()
-        if not locked or locked[0][8]:  # nothing due, or the channel is paused
+            locked = list(mappings(conn.execute(self._lock_ids, params)))
+        if not locked or locked[0]["paused"]:  # nothing due, or the channel is paused
             return []
         return locked
 
     def _claimed(
-        self, conn: sa.Connection, locked: Sequence[Any], until: int, lease: int | None
+        self,
+        conn: sa.Connection,
+        locked: Sequence[Mapping[str, Any]],
+        until: int,
+        lease: int | None,
     ) -> list[ClaimedRow]:
         """The rows of a locking read taken, their attempt counted."""
         # The locking read returns the latest committed deliveries, but its
         # subqueries read the statement's snapshot: a delivery committed just
         # after it began comes with its message fields NULL. A new statement
         # has a new snapshot (READ COMMITTED) that holds them.
-        late = sorted({int(r[1]) for r in locked if r[4] is None})
-        fields = {int(r[1]): (r[4], r[5], r[6], r[9]) for r in locked if r[4] is not None}
+        late = sorted({int(r["message_id"]) for r in locked if r["body"] is None})
+        fields: dict[int, Mapping[str, Any]] = {}
         if late:
-            fields.update(
-                (int(r[0]), (r[1], r[2], r[3], r[4]))
-                for r in conn.execute(_message_fields, {"p_ids": late})
-            )
-        rows = []
-        for r in locked:
-            body, headers, published_at, group = fields[r[1]]
-            rows.append(
-                ClaimedRow(
-                    r[0],
-                    r[1],
-                    r[2] + 1,
-                    r[3],
-                    bytes(body),
-                    headers,
-                    published_at,
-                    until,
-                    lease,
-                    group,
-                    r[10],
-                )
-            )
-        rows.sort(key=lambda row: row.delivery_id)
-        return rows
+            found = conn.execute(_message_fields, {"p_ids": late})
+            fields = {int(r["message_id"]): r for r in mappings(found)}
+        return claimed_rows(
+            {
+                **r,
+                **fields.get(int(r["message_id"]), {}),
+                "attempts": r["attempts"] + 1,
+                "until": until,
+                "channel_lease": lease,
+            }
+            for r in locked
+        )
 
     # MariaDB: deliveries written by the server from the channel rows, and
     # counted from what the INSERT returns (one statement instead of two).
@@ -703,24 +662,18 @@ class MySQLDialect(Dialect):
         # transaction (MySQL proper keeps SQLAlchemy's path).
         if not sql_dialect.insert_returning:
             return frozenset()
-        return frozenset({"publish", "ack_claim", "claim"})
+        return frozenset({"publish_one", "ack_claim", "claim"})
 
-    def ack_and_claim_driver(
-        self,
-        dbapi: Any,
-        pairs: Sequence[tuple[int, str]],
-        channel_id: int,
-        limit: int,
-        now: int,
-        until: int,
-        token: str,
-        channel_lease: bool = False,
-    ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
-        ordered = sorted(pairs)
-        params = _lease_params(channel_id, limit, now, until, token, channel_lease, self.slices)
-        params.update(ids=tuple(p[0] for p in ordered), pairs=tuple(ordered))
+    def ack_and_claim(
+        self, link: Link, p: AckClaimParams
+    ) -> tuple[set[tuple[int, str]], list[ClaimedRow]] | None:
+        if not isinstance(link, Driver):
+            return super().ack_and_claim(link, p)
+        ordered = sorted(p.pairs)
+        params = _lease_params(p.claim, self.slices)
+        params.update(ids=tuple(pair[0] for pair in ordered), pairs=tuple(ordered))
         block = self._ack_and_claim_spread if self.slices else self._ack_and_claim_block
-        cursor = dbapi.cursor()
+        cursor = link.dbapi.cursor()
         try:
             cursor.execute(block, params)
             done = {(int(i), str(t)) for i, t in cursor.fetchall()}
@@ -729,53 +682,32 @@ class MySQLDialect(Dialect):
         finally:
             cursor.close()
 
-    def claim_driver(
-        self,
-        dbapi: Any,
-        channel_id: int,
-        limit: int,
-        now: int,
-        until: int,
-        token: str,
-        channel_lease: bool = False,
-    ) -> list[ClaimedRow]:
-        cursor = dbapi.cursor()
-        try:
-            params = _lease_params(channel_id, limit, now, until, token, channel_lease, self.slices)
-            cursor.execute(self._claim_spread if self.slices else self._claim_block, params)
-            return _leased_rows(cursor)
-        finally:
-            cursor.close()
-
-    def publish_one_driver(
-        self,
-        dbapi: Any,
-        topic: str,
-        fields: dict[str, Any],
-        body: bytes,
-        visible: int,
-        plan: str | None = None,
-    ) -> DriverPublished | None:
+    def publish_plain(self, link: Link, p: PublishParams) -> Plain:
+        if not isinstance(link, Driver):
+            return super().publish_plain(link, p)
         # REPEATABLE READ (the server's default) is fine here: nothing is read
         # but the channels, and a locking read of those takes no lock a claim
         # waits for (claims read the channel row without locking it). This
         # saves SET TRANSACTION's round trip on a plain engine.
-        if plan is not None:
-            done = self._publish_planned(dbapi, fields, body, visible, plan)
+        dbapi = link.dbapi
+        [body] = p.bodies
+        fields = p.fields
+        if p.plan is not None:
+            done = self._publish_planned(dbapi, fields, body, p.visible, p.plan)
             if done is not None:
                 return done
         topic_id = fields["topic_id"]
         row = _one_row(
             dbapi,
             self._publish_one_block.format(body=_hex_literal(body)),
-            (*_message_params(fields, body), visible, fields["max_attempts"], *[topic_id] * 3),
+            (*_message_params(fields, body), p.visible, fields["max_attempts"], *[topic_id] * 3),
         )
         message_id, went_to, learned = row
         if message_id is None:
-            return None
+            return DECLINED
         went_to = exact_key_text(went_to)
         fanout = {int(channel_id): 1 for channel_id in went_to.split(",")} if went_to else {}
-        return int(message_id), fanout, exact_key_text(learned) or ""
+        return Plain([int(message_id)], fanout, False, exact_key_text(learned) or "")
 
     def _publish_planned(
         self,
@@ -784,7 +716,7 @@ class MySQLDialect(Dialect):
         body: bytes,
         visible: int,
         plan: str,
-    ) -> DriverPublished | None:
+    ) -> Plain | None:
         """The publish with the topic's ``plan`` (:func:`_planned_publish_block`),
         or None when it names a routed channel or no longer held (nothing
         written)."""
@@ -803,7 +735,7 @@ class MySQLDialect(Dialect):
         (message_id,) = _one_row(dbapi, block, values)
         if message_id is None:
             return None
-        return int(message_id), dict.fromkeys((c for c, _ in planned), 1), plan
+        return Plain([int(message_id)], dict.fromkeys((c for c, _ in planned), 1), False, plan)
 
     def fan_out(
         self,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -12,22 +12,32 @@ from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.util import await_only
 
+from novaque._tables import PARKED_OFFSET, STATE_LEASED, STATE_READY, channels, groups, topics
 from novaque.dialects.base import (
+    DECLINED,
     NOTIFY_CHANNEL,
     PLAIN_CHANNEL_SQL,
     ClaimedRow,
     Dialect,
-    DriverPublished,
     NotifyListener,
     SelectT,
-    _claim_params,
+    claimed_rows,
     d,
     leasing,
     m,
+    mappings,
+    named,
 )
 from novaque.dialects.listen import _AwaitedPostgresListener, _PostgresListener
+from novaque.dialects.params import (
+    AckClaimParams,
+    ClaimParams,
+    Driver,
+    Link,
+    Plain,
+    PublishParams,
+)
 from novaque.errors import TopicGone
-from novaque.schema import PARKED_OFFSET, STATE_LEASED, STATE_READY, channels, groups, topics
 
 MIGRATION_LOCK_KEY = 0x6E6F7661717565  # "novaque"
 
@@ -112,21 +122,24 @@ def _autocommit(dbapi: Any) -> Iterator[None]:
             dbapi.autocommit = False
 
 
-def _autocommit_rows(dbapi: Any, sql: str, params: dict[str, Any]) -> list[Any]:
-    """The rows of one statement run on psycopg's connection ``dbapi`` in
-    autocommit: a transaction by itself, one round trip (as on SQLAlchemy's
-    path, see SyncExecutor._transaction); autocommit is left as it was."""
+def _autocommit_rows(dbapi: Any, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows (by column name) of one statement run on psycopg's connection
+    ``dbapi`` in autocommit: a transaction by itself, one round trip (as on
+    SQLAlchemy's path, see SyncExecutor._transaction); autocommit is left as
+    it was."""
     with _autocommit(dbapi):
         cursor = dbapi.cursor()
         try:
             cursor.execute(sql, params)
-            return list(cursor.fetchall())
+            return named(cursor)
         finally:
             cursor.close()
 
 
-def _pipelined_rows(dbapi: Any, statements: Sequence[tuple[str, dict[str, Any]]]) -> list[Any]:
-    """The rows of each of ``statements``, sent on psycopg's connection
+def _pipelined_rows(
+    dbapi: Any, statements: Sequence[tuple[str, dict[str, Any]]]
+) -> list[list[dict[str, Any]]]:
+    """The rows (by column name) of each of ``statements``, sent on psycopg's connection
     ``dbapi`` in one pipeline: one round trip, and in autocommit one implicit
     transaction (they commit together when the pipeline ends, or none does,
     and each sees what those before it wrote). Autocommit is left as it was;
@@ -141,22 +154,28 @@ def _pipelined_rows(dbapi: Any, statements: Sequence[tuple[str, dict[str, Any]]]
         return _pipelined(conn, statements)
 
 
-def _pipelined(conn: Any, statements: Sequence[tuple[str, dict[str, Any]]]) -> list[Any]:
+def _pipelined(
+    conn: Any, statements: Sequence[tuple[str, dict[str, Any]]]
+) -> list[list[dict[str, Any]]]:
     with conn.pipeline():
         cursors = [conn.cursor() for _ in statements]
         for cursor, (sql, params) in zip(cursors, statements, strict=True):
             cursor.execute(sql, params)
-    return [cursor.fetchall() for cursor in cursors]
+    return [named(cursor) for cursor in cursors]
 
 
 async def _pipelined_async(
     conn: Any, statements: Sequence[tuple[str, dict[str, Any]]]
-) -> list[Any]:
+) -> list[list[dict[str, Any]]]:
     async with conn.pipeline():
         cursors = [conn.cursor() for _ in statements]
         for cursor, (sql, params) in zip(cursors, statements, strict=True):
             await cursor.execute(sql, params)
-    return [await cursor.fetchall() for cursor in cursors]
+    found = []
+    for cursor in cursors:
+        names = [column[0] for column in cursor.description]
+        found.append([dict(zip(names, r, strict=True)) for r in await cursor.fetchall()])
+    return found
 
 
 def _pair_params(pairs: Sequence[tuple[int, str]]) -> dict[str, Any]:
@@ -171,37 +190,23 @@ def _pairs_of(rows: Iterable[Sequence[Any]]) -> set[tuple[int, str]]:
     return {(int(r[0]), str(r[1])) for r in rows}
 
 
-def _ack_and_claim_params(
-    pairs: Sequence[tuple[int, str]],
-    channel_id: int,
-    limit: int,
-    now: int,
-    until: int,
-    token: str,
-    channel_lease: bool,
-) -> dict[str, Any]:
-    params = _claim_params(channel_id, limit, now, until, token, channel_lease)
-    params.update(_pair_params(pairs))
-    return params
+def _ack_and_claim_params(pairs: Sequence[tuple[int, str]], claim: ClaimParams) -> dict[str, Any]:
+    return {**claim.bind(), **_pair_params(pairs)}
 
 
 def _acked_and_claimed(
-    result: Iterable[Sequence[Any]],
+    result: Iterable[Mapping[str, Any]],
 ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
-    """The acks done and the rows claimed, of PostgresDialect._ack_and_claim's rows."""
+    """The acks done (``kind`` 0) and the rows claimed (1), of
+    PostgresDialect._ack_and_claim's rows."""
     done: set[tuple[int, str]] = set()
-    rows: list[ClaimedRow] = []
+    claimed = []
     for r in result:
-        if r[0] == 0:
-            done.add((int(r[1]), str(r[8])))
+        if r["kind"] == 0:
+            done.add((int(r["delivery_id"]), str(r["token"])))
         else:
-            rows.append(
-                ClaimedRow(
-                    r[1], r[2], r[3], r[4], bytes(r[5]), r[6], r[7], r[9], r[10], r[11], r[12]
-                )
-            )
-    rows.sort(key=lambda row: row.delivery_id)
-    return done, rows
+            claimed.append(r)
+    return done, claimed_rows(claimed)
 
 
 class PostgresDialect(Dialect):
@@ -213,20 +218,20 @@ class PostgresDialect(Dialect):
         claimed = leasing(_claim_pick).cte("claimed")
         self._claim_stmt = (
             sa.select(
-                claimed.c.id,
+                claimed.c.delivery_id,
                 claimed.c.message_id,
                 claimed.c.attempts,
                 claimed.c.max_attempts,
                 m.c.body,
                 m.c.headers,
                 m.c.published_at,
-                claimed.c.visible_at,
+                claimed.c.until,
                 claimed.c.channel_lease,
                 m.c.group_key,
                 claimed.c.order_key,
             )
             .join_from(claimed, m, m.c.id == claimed.c.message_id)
-            .order_by(claimed.c.id)
+            .order_by(claimed.c.delivery_id)
         )
         # Receive-and-delete in one statement: the claim's pick, deleted, and
         # the messages joined (as the claim's).
@@ -238,15 +243,15 @@ class PostgresDialect(Dialect):
         )
         self._pop_stmt = (
             sa.select(
-                popped.c.id,
+                popped.c.id.label("delivery_id"),
                 popped.c.message_id,
-                popped.c.attempts + 1,
+                (popped.c.attempts + 1).label("attempts"),
                 popped.c.max_attempts,
                 m.c.body,
                 m.c.headers,
                 m.c.published_at,
                 m.c.group_key,
-                popped.c.group_key,
+                popped.c.group_key.label("order_key"),
             )
             .join_from(popped, m, m.c.id == popped.c.message_id)
             .order_by(popped.c.id)
@@ -262,7 +267,9 @@ class PostgresDialect(Dialect):
         conn.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
         yield
 
-    one_statement_ops = frozenset({"publish", "claim", "ack", "ack_claim", "ack_ordered", "settle"})
+    one_statement_ops = frozenset(
+        {"publish", "publish_one", "claim", "ack", "ack_claim", "ack_ordered", "settle"}
+    )
 
     # Ack: one statement for any number of (delivery, token) pairs.
     _delete_pairs = sa.text(
@@ -296,7 +303,10 @@ class PostgresDialect(Dialect):
             WHERE id IN (SELECT id FROM {_CLAIM_PICK_CALL.format(skip=":ids")} AS id)
             RETURNING id, message_id, attempts, max_attempts, visible_at, group_key
         )
-        SELECT 0, id, NULL, NULL, NULL, NULL, NULL, NULL, lease_token, NULL, NULL, NULL, NULL
+        SELECT 0 AS kind, id AS delivery_id, NULL AS message_id, NULL AS attempts,
+               NULL AS max_attempts, NULL AS body, NULL AS headers, NULL AS published_at,
+               lease_token AS token, NULL AS until, NULL AS channel_lease, NULL AS group_key,
+               NULL AS order_key
         FROM acked
         UNION ALL
         SELECT 1, c.id, c.message_id, c.attempts, c.max_attempts, m.body, m.headers,
@@ -306,52 +316,22 @@ class PostgresDialect(Dialect):
         """
     )
 
-    def ack_and_claim(
-        self,
-        conn: sa.Connection,
-        pairs: Sequence[tuple[int, str]],
-        channel_id: int,
-        limit: int,
-        now: int,
-        until: int,
-        token: str,
-        channel_lease: bool = False,
-    ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
-        params = _ack_and_claim_params(pairs, channel_id, limit, now, until, token, channel_lease)
-        return _acked_and_claimed(conn.execute(self._ack_and_claim, params))
-
     _ack_and_claim_driver = _driver_text(_ack_and_claim)
 
-    def ack_and_claim_driver(
-        self,
-        dbapi: Any,
-        pairs: Sequence[tuple[int, str]],
-        channel_id: int,
-        limit: int,
-        now: int,
-        until: int,
-        token: str,
-        channel_lease: bool = False,
-    ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
-        params = _ack_and_claim_params(pairs, channel_id, limit, now, until, token, channel_lease)
-        return _acked_and_claimed(_autocommit_rows(dbapi, self._ack_and_claim_driver, params))
-
-    def claim_driver(
-        self,
-        dbapi: Any,
-        channel_id: int,
-        limit: int,
-        now: int,
-        until: int,
-        token: str,
-        channel_lease: bool = False,
-    ) -> list[ClaimedRow]:
-        # The ack-and-claim with nothing to ack: its DELETE of no pairs costs
-        # nothing, and an idle consumer's claim, on a NOTIFY, is then one
-        # round trip without SQLAlchemy's statement machinery (W3).
-        return self.ack_and_claim_driver(
-            dbapi, (), channel_id, limit, now, until, token, channel_lease
-        )[1]
+    def ack_and_claim(
+        self, link: Link, p: AckClaimParams
+    ) -> tuple[set[tuple[int, str]], list[ClaimedRow]] | None:
+        if isinstance(link, Driver):
+            if p.ordered:
+                return self._ack_ordered_and_claim(link.dbapi, p)
+            params = _ack_and_claim_params(p.pairs, p.claim)
+            return _acked_and_claimed(
+                _autocommit_rows(link.dbapi, self._ack_and_claim_driver, params)
+            )
+        if p.ordered:
+            return super().ack_and_claim(link, p)
+        params = _ack_and_claim_params(p.pairs, p.claim)
+        return _acked_and_claimed(mappings(link.execute(self._ack_and_claim, params)))
 
     def delete_leased_pairs(
         self, conn: sa.Connection, pairs: Sequence[tuple[int, str]]
@@ -376,27 +356,19 @@ class PostgresDialect(Dialect):
 
     _ack_ordered_driver = _driver_text(_ack_ordered)
 
-    def ack_ordered_and_claim_driver(
-        self,
-        dbapi: Any,
-        pairs: Sequence[tuple[int, str]],
-        channel_id: int,
-        limit: int,
-        now: int,
-        until: int,
-        token: str,
-        channel_lease: bool = False,
+    def _ack_ordered_and_claim(
+        self, dbapi: Any, p: AckClaimParams
     ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
         # The ordered ack's call, then the claim (the ack-and-claim statement
         # with nothing to ack), pipelined: one round trip and one commit. The
         # claim sees the groups moved on, as a later statement of the same
         # transaction.
-        acks = _pair_params(pairs)
-        claim = _ack_and_claim_params((), channel_id, limit, now, until, token, channel_lease)
+        acks = _pair_params(p.pairs)
+        claim = _ack_and_claim_params((), p.claim)
         acked, claimed = _pipelined_rows(
             dbapi, [(self._ack_ordered_driver, acks), (self._ack_and_claim_driver, claim)]
         )
-        return _pairs_of(acked), _acked_and_claimed(claimed)[1]
+        return _pairs_of(tuple(r.values()) for r in acked), _acked_and_claimed(claimed)[1]
 
     # The groups' next deliveries (read on ix_novaque_deliveries_group, as
     # _groups._nexts), the heads moved to them, unparked, and the groups left
@@ -571,26 +543,32 @@ class PostgresDialect(Dialect):
     def hold_topic(self, conn: sa.Connection, topic_id: int) -> bool:
         return conn.execute(self._hold_topic, {"p_id": topic_id}).first() is not None
 
-    def publish_plain(
-        self,
-        conn: sa.Connection,
-        topic: str,
-        fields: dict[str, Any],
-        bodies: list[bytes],
-        visible: int,
-        *,
-        routed: bool = True,
-        groups: Sequence[str | None] | None = None,
-    ) -> tuple[list[int], dict[int, int], bool]:
-        keys = list(groups) if groups is not None else [None] * len(bodies)
-        row = conn.execute(
-            self._publish if routed else self._publish_guarded,
-            {**fields, "bodies": bodies, "groups": keys, "visible": visible, "topic": topic},
+    def publish_plain(self, link: Link, p: PublishParams) -> Plain:
+        if isinstance(link, Driver):
+            [body] = p.bodies
+            params = {**p.fields, "body": body, "visible": p.visible, "topic": p.topic}
+            [found] = _autocommit_rows(link.dbapi, self._publish_one_driver, params)
+            one = tuple(found.values())
+            if not one[4]:
+                raise TopicGone(p.topic)
+            if one[3]:  # routed channels: the guard wrote nothing
+                return DECLINED
+            return Plain([int(one[0])], {int(c): 1 for c in one[1]}, False)
+        keys = list(p.groups) if p.groups is not None else [None] * len(p.bodies)
+        row = link.execute(
+            self._publish if p.routed else self._publish_guarded,
+            {
+                **p.fields,
+                "bodies": list(p.bodies),
+                "groups": keys,
+                "visible": p.visible,
+                "topic": p.topic,
+            },
         ).one()
         if not row[5]:
-            raise TopicGone(topic)
+            raise TopicGone(p.topic)
         counts = {int(c): int(n) for c, n in zip(row[1], row[2], strict=True)}
-        return [int(i) for i in row[0]], counts, bool(row[4])
+        return Plain([int(i) for i in row[0]], counts, bool(row[4]))
 
     # The guarded publish of one message, its parameters scalars (psycopg
     # dumps an array and loads an array result at a cost per call): the
@@ -627,7 +605,7 @@ class PostgresDialect(Dialect):
 
     def driver_ops(self, sql_dialect: sa.Dialect) -> frozenset[str]:
         return (
-            frozenset({"publish", "ack_claim", "claim"}) | self._pipelined_ops()
+            frozenset({"publish_one", "ack_claim", "claim"}) | self._pipelined_ops()
             if sql_dialect.driver == "psycopg"
             else frozenset()
         )
@@ -640,23 +618,6 @@ class PostgresDialect(Dialect):
 
         return frozenset({"ack_ordered_claim"}) if psycopg.Pipeline.is_supported() else frozenset()
 
-    def publish_one_driver(
-        self,
-        dbapi: Any,
-        topic: str,
-        fields: dict[str, Any],
-        body: bytes,
-        visible: int,
-        plan: str | None = None,
-    ) -> DriverPublished | None:
-        params = {**fields, "body": body, "visible": visible, "topic": topic}
-        [row] = _autocommit_rows(dbapi, self._publish_one_driver, params)
-        if not row[4]:
-            raise TopicGone(topic)
-        if row[3]:  # routed channels: the guard wrote nothing
-            return None
-        return int(row[0]), {int(c): 1 for c in row[1]}, None
-
     def open_listener(self, engine: sa.Engine, *, awaited: bool = False) -> NotifyListener | None:
         try:
             import psycopg  # noqa: F401  (psycopg 3 reads notifications with a timeout)
@@ -664,31 +625,22 @@ class PostgresDialect(Dialect):
             return None
         return _AwaitedPostgresListener(engine) if awaited else _PostgresListener(engine)
 
-    def claim(
-        self,
-        conn: sa.Connection,
-        channel_id: int,
-        limit: int,
-        now: int,
-        until: int,
-        token: str,
-        channel_lease: bool = False,
-        attempt_id: str | None = None,
-    ) -> list[ClaimedRow]:
+    def claim(self, link: Link, p: ClaimParams) -> list[ClaimedRow]:
+        if isinstance(link, Driver):
+            # The ack-and-claim with nothing to ack: its DELETE of no pairs
+            # costs nothing, and an idle consumer's claim, on a NOTIFY, is
+            # then one round trip without SQLAlchemy's statement machinery.
+            params = _ack_and_claim_params((), p)
+            return _acked_and_claimed(
+                _autocommit_rows(link.dbapi, self._ack_and_claim_driver, params)
+            )[1]
         # One statement: lock (skipping rows other consumers hold), lease, and
         # return the message with each delivery.
-        params = _claim_params(channel_id, limit, now, until, token, channel_lease, attempt_id)
-        return [
-            ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6], r[7], r[8], r[9], r[10])
-            for r in conn.execute(self._claim_stmt, params)
-        ]
+        return claimed_rows(mappings(link.execute(self._claim_stmt, p.bind())))
 
-    def pop(self, conn: sa.Connection, channel_id: int, limit: int, now: int) -> list[ClaimedRow]:
-        params = _claim_params(channel_id, limit, now, now, "", False)
-        return [
-            ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6], now, None, r[7], r[8])
-            for r in conn.execute(self._pop_stmt, params)
-        ]
+    def pop(self, conn: sa.Connection, p: ClaimParams) -> list[ClaimedRow]:
+        found = conn.execute(self._pop_stmt, p.bind())
+        return claimed_rows(mappings(found), until=p.now, channel_lease=None)
 
     def _insert(self, table: sa.Table) -> Any:
         return pg_dialect.insert(table)

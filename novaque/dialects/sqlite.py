@@ -5,37 +5,41 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import DBAPIError
 
+from novaque._tables import STATE_READY, channels
 from novaque.dialects.base import (
     PLAIN_CHANNEL_SQL,
     ClaimedRow,
     Dialect,
-    DriverPublished,
     NotifyListener,
     _channel_lease,
     _claim_ids,
-    _claim_params,
     _dotted,
     _driver_sql,
     _lease_values,
     by_token,
+    claimed_rows,
+    core,
     d,
     driver_statement,
     fan_out_one_sql,
     has_routed_sql,
     insert_message_sql,
     m,
+    mappings,
+    message_columns,
+    named,
     publish_one_committed,
 )
+from novaque.dialects.params import AckClaimParams, ClaimParams, Driver, Link, Plain, PublishParams
 from novaque.dialects.watch import SQLiteWatcher
 from novaque.errors import UnsupportedDatabase
-from novaque.schema import STATE_READY, channels
 
 #: SQLite's driver (the sqlite3 module), for the driver path's statements.
 _PYSQLITE = sqlite_dialect.pysqlite.dialect()
@@ -110,42 +114,22 @@ class SQLiteDialect(Dialect):
         .where(d.c.id.in_(_claim_ids.scalar_subquery()))
         .values(_lease_values)
         .returning(
-            d.c.id,
+            d.c.id.label("delivery_id"),
             d.c.message_id,
             d.c.attempts,
             d.c.max_attempts,
-            *(
-                sa.select(col).where(m.c.id == d.c.message_id).correlate(d).scalar_subquery()
-                for col in (m.c.body, m.c.headers, m.c.published_at)
-            ),
-            d.c.visible_at,
-            _channel_lease,
-            sa.select(m.c.group_key).where(m.c.id == d.c.message_id).correlate(d).scalar_subquery(),
-            d.c.group_key,
+            *message_columns,
+            d.c.visible_at.label("until"),
+            _channel_lease.label("channel_lease"),
+            d.c.group_key.label("order_key"),
         )
     )
 
     def claim_statement(self) -> sa.ClauseElement:
         return self._claim_stmt
 
-    def claim(
-        self,
-        conn: sa.Connection,
-        channel_id: int,
-        limit: int,
-        now: int,
-        until: int,
-        token: str,
-        channel_lease: bool = False,
-        attempt_id: str | None = None,
-    ) -> list[ClaimedRow]:
-        params = _claim_params(channel_id, limit, now, until, token, channel_lease, attempt_id)
-        rows = [
-            ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6], r[7], r[8], r[9], r[10])
-            for r in conn.execute(self._claim_stmt, params)
-        ]
-        rows.sort(key=lambda row: row.delivery_id)
-        return rows
+    def claim(self, link: Link, p: ClaimParams) -> list[ClaimedRow]:
+        return claimed_rows(mappings(core(link).execute(self._claim_stmt, p.bind())))
 
     _insert_messages = insert_message_sql("?")
     _insert_message_returning = _insert_messages + " RETURNING id"
@@ -164,21 +148,16 @@ class SQLiteDialect(Dialect):
         "ORDER BY m.id, c.id"
     )
 
-    def publish_plain(
-        self,
-        conn: sa.Connection,
-        topic: str,
-        fields: dict[str, Any],
-        bodies: list[bytes],
-        visible: int,
-        *,
-        routed: bool = True,
-        groups: Sequence[str | None] | None = None,
-    ) -> tuple[list[int], dict[int, int], bool]:
+    def publish_plain(self, link: Link, p: PublishParams) -> Plain:
+        if isinstance(link, Driver):
+            # novaque's own engine: the sqlite3 module begins no transaction itself.
+            return publish_one_committed(link.dbapi, self._publish_one, p, begin="BEGIN IMMEDIATE")
+        conn = link
         if conn.engine not in BEGINS_IMMEDIATE:
             # The caller's transaction: it may not hold the write lock yet.
-            return super().publish_plain(conn, topic, fields, bodies, visible, groups=groups)
-        keys = list(groups) if groups is not None else [None] * len(bodies)
+            return super().publish_plain(conn, p)
+        fields, bodies, visible = p.fields, p.bodies, p.visible
+        keys = list(p.groups) if p.groups is not None else [None] * len(bodies)
         # novaque's own transaction began with BEGIN IMMEDIATE: nobody else
         # writes until it ends, so the AUTOINCREMENT ids of the rows inserted
         # by one executemany are consecutive, ending at last_insert_rowid(),
@@ -204,7 +183,7 @@ class SQLiteDialect(Dialect):
                 special = bool(routed_too)
             if special is None:  # no plain channel said: ask
                 special = bool(conn.exec_driver_sql(self._has_routed, (topic_id,)).scalar())
-            return [message_id], counts, special
+            return Plain([message_id], counts, special)
         conn.exec_driver_sql(
             self._insert_messages,
             [(topic_id, b, *common, max_attempts, g) for b, g in zip(bodies, keys, strict=True)],
@@ -218,61 +197,36 @@ class SQLiteDialect(Dialect):
                 self._fan_out_range, (visible, max_attempts, first, last, topic_id)
             )
         ids = list(range(first, last + 1))
-        return ids, {cid: len(bodies) for cid in plain}, len(plain) < len(found)
+        return Plain(ids, {cid: len(bodies) for cid in plain}, len(plain) < len(found))
 
     def driver_ops(self, sql_dialect: sa.Dialect) -> frozenset[str]:
-        return frozenset({"publish", "ack_claim"})
+        return frozenset({"publish_one", "ack_claim"})
 
-    def ack_and_claim_driver(
-        self,
-        dbapi: Any,
-        pairs: Sequence[tuple[int, str]],
-        channel_id: int,
-        limit: int,
-        now: int,
-        until: int,
-        token: str,
-        channel_lease: bool = False,
-    ) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
-        # As ack_and_claim: the acks deleted (one statement per lease token),
-        # then the claim, in one BEGIN IMMEDIATE transaction.
+    def ack_and_claim(
+        self, link: Link, p: AckClaimParams
+    ) -> tuple[set[tuple[int, str]], list[ClaimedRow]] | None:
+        if not isinstance(link, Driver):
+            return super().ack_and_claim(link, p)
+        # The acks deleted (one statement per lease token), then the claim, in
+        # one BEGIN IMMEDIATE transaction on the driver's connection.
         claim = driver_statement(self._claim_stmt, _PYSQLITE)
-        params = _claim_params(channel_id, limit, now, until, token, channel_lease)
         done: set[tuple[int, str]] = set()
-        cursor = dbapi.cursor()
+        cursor = link.dbapi.cursor()
         try:
             cursor.execute("BEGIN IMMEDIATE")
-            for lease_token, ids in by_token(pairs).items():
+            for lease_token, ids in by_token(p.pairs).items():
                 marks = ", ".join("?" * len(ids))
                 cursor.execute(
                     f"DELETE FROM {d.name} WHERE lease_token = ? AND id IN ({marks}) RETURNING id",
                     (lease_token, *ids),
                 )
                 done.update((int(r[0]), lease_token) for r in cursor.fetchall())
-            cursor.execute(claim.sql, claim.args(params))
-            rows = [
-                ClaimedRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6], r[7], r[8], r[9], r[10])
-                for r in cursor.fetchall()
-            ]
+            cursor.execute(claim.sql, claim.args(p.claim.bind()))
+            rows = claimed_rows(named(cursor))
         finally:
             cursor.close()
-        dbapi.commit()
-        rows.sort(key=lambda row: row.delivery_id)
+        link.dbapi.commit()
         return done, rows
-
-    def publish_one_driver(
-        self,
-        dbapi: Any,
-        topic: str,
-        fields: dict[str, Any],
-        body: bytes,
-        visible: int,
-        plan: str | None = None,
-    ) -> DriverPublished | None:
-        # novaque's own engine: the sqlite3 module begins no transaction itself.
-        return publish_one_committed(
-            dbapi, self._publish_one, fields, body, visible, begin="BEGIN IMMEDIATE"
-        )
 
     def explain(
         self,

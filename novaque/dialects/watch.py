@@ -33,8 +33,8 @@ from typing import Any, ClassVar
 
 import sqlalchemy as sa
 
+from novaque._tables import channels, deliveries, topics
 from novaque.dialects.listen import _await, readable
-from novaque.schema import channels, deliveries, topics
 
 _TOPICS_SINCE = (
     f"SELECT t.name, MAX(d.id) FROM {deliveries.name} d "

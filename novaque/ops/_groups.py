@@ -3,7 +3,7 @@
 A delivery of an ordered channel has a group key there (its message's group on
 a ``group_fifo`` channel, ``""`` on a ``strict_fifo`` one). Of the live
 deliveries of one (channel, group), only the head is in the claim's range;
-the others are *parked*: ready, with :data:`~novaque.schema.PARKED_OFFSET`
+the others are *parked*: ready, with :data:`~novaque._tables.PARKED_OFFSET`
 added to their ``visible_at``, beyond every claim (the claim stays one index
 range, whatever the number of waiting deliveries or blocked groups). The head
 is recorded in ``novaque_groups``, whose row every writer of the group locks:
@@ -32,7 +32,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from novaque import dialects
-from novaque.schema import PARKED_OFFSET, STATE_DEAD, STATE_READY, deliveries, groups
+from novaque._tables import PARKED_OFFSET, STATE_DEAD, STATE_READY, deliveries, groups
 
 d = deliveries
 

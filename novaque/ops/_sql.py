@@ -8,7 +8,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from novaque.schema import (
+from novaque._tables import (
     COUNTER_COLUMNS,
     DEAD_VISIBLE_AT,
     ORDERINGS,

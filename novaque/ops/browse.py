@@ -12,6 +12,20 @@ import sqlalchemy as sa
 
 from novaque import _filters, _validate, dialects
 from novaque._stats import Tally
+from novaque._tables import (
+    COUNTER_COLUMNS,
+    ORDERINGS,
+    PARKED_OFFSET,
+    STATE_DEAD,
+    STATE_DEFERRED,
+    STATE_LEASED,
+    STATE_READY,
+    channels,
+    deliveries,
+    messages,
+    stats,
+    topics,
+)
 from novaque._time import from_us
 from novaque.errors import ChannelNotFound, MessageNotFound, TopicGone
 from novaque.models import (
@@ -26,20 +40,6 @@ from novaque.ops import Batch, Effects, _groups, _sql
 from novaque.ops.maintain import count_purged, delete_dead_rows, delete_deliveries_of
 from novaque.ops.publish import insert_deliveries, order_key
 from novaque.ops.topology import existing_channel_id, existing_topic_id
-from novaque.schema import (
-    COUNTER_COLUMNS,
-    ORDERINGS,
-    PARKED_OFFSET,
-    STATE_DEAD,
-    STATE_DEFERRED,
-    STATE_LEASED,
-    STATE_READY,
-    channels,
-    deliveries,
-    messages,
-    stats,
-    topics,
-)
 
 d = deliveries
 m = messages

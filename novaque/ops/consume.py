@@ -9,20 +9,14 @@ dialect may run them without BEGIN and COMMIT (``op=`` names in the client's
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 
 from novaque import _validate, dialects
 from novaque._stats import Tally
-from novaque._time import from_us
-from novaque.models import Message
-from novaque.ops import Effects, _groups
-from novaque.ops._sql import dead_values
-from novaque.schema import (
+from novaque._tables import (
     DEFERRED_VISIBLE_AT,
     STATE_DEFERRED,
     STATE_LEASED,
@@ -31,6 +25,12 @@ from novaque.schema import (
     deliveries,
     messages,
 )
+from novaque._time import from_us
+from novaque.dialects.base import core
+from novaque.dialects.params import AckClaimParams, ClaimParams, Link
+from novaque.models import Message
+from novaque.ops import Effects, _groups
+from novaque.ops._sql import dead_values
 
 d = deliveries
 
@@ -105,51 +105,23 @@ def _counted(field: str, now: int, channel_ids: dict[int, int]) -> Effects:
 
 
 def claim(
-    conn: sa.Connection,
-    dialect: dialects.Dialect,
-    now: int,
-    channel_id: int,
-    limit: int,
-    lease_us: int,
-    token: str,
-    channel_lease: bool = False,
-    attempt_id: str | None = None,
+    link: Link, dialect: dialects.Dialect, now: int, p: ClaimParams
 ) -> tuple[list[dialects.ClaimedRow], int, Effects]:
-    """Lease up to ``limit`` due deliveries with ``token`` for ``lease_us`` (with
-    ``channel_lease``, for the channel's own lease if it has one): the rows,
-    ``now``, and the claims to count.
+    """Lease up to ``p.limit`` due deliveries at ``now`` (see
+    :class:`ClaimParams`): the rows, ``now``, and the claims to count.
 
-    With ``attempt_id``, the deliveries still leased under that id (by an
+    With an attempt id, the deliveries still leased under that id (by an
     earlier claim that repeats it) are returned instead, with their own
     tokens (``ClaimedRow.token``) and nothing counted; only when there are
     none does it claim, storing the id with the new leases.
     """
-    if attempt_id is not None:
-        held = _held(conn, dialect, now, channel_id, attempt_id)
+    p = p.at(now)
+    if p.attempt_id is not None:
+        held = _held(core(link), dialect, now, p.channel_id, p.attempt_id)
         if held:
             return held, now, Effects()
-    rows = dialect.claim(
-        conn, channel_id, limit, now, now + lease_us, token, channel_lease, attempt_id
-    )
-    return rows, now, _counted("claimed", now, {channel_id: len(rows)} if rows else {})
-
-
-def claim_driver(
-    dialect: dialects.Dialect,
-    clock: Callable[[], int],
-    channel_id: int,
-    limit: int,
-    lease_us: int,
-    token: str,
-    channel_lease: bool,
-    dbapi: Any,
-) -> tuple[list[dialects.ClaimedRow], int, Effects]:
-    """:func:`claim` without an attempt id, in novaque's own transaction on the
-    DBAPI connection ``dbapi`` (the driver path, see
-    :meth:`novaque._executor.SyncExecutor.run_driver`)."""
-    now = clock()
-    rows = dialect.claim_driver(dbapi, channel_id, limit, now, now + lease_us, token, channel_lease)
-    return rows, now, _counted("claimed", now, {channel_id: len(rows)} if rows else {})
+    rows = dialect.claim(link, p)
+    return rows, now, _counted("claimed", now, {p.channel_id: len(rows)} if rows else {})
 
 
 #: The channel's row, locked by a claim with an attempt id: two claims
@@ -165,13 +137,13 @@ _channel_turn = (
 #: The leases an attempt id holds on a channel (not expired by the clock).
 _held_leases = (
     sa.select(
-        d.c.id,
+        d.c.id.label("delivery_id"),
         d.c.message_id,
         d.c.attempts,
         d.c.max_attempts,
-        d.c.visible_at,
-        d.c.group_key,
-        d.c.lease_token,
+        d.c.visible_at.label("until"),
+        d.c.group_key.label("order_key"),
+        d.c.lease_token.label("token"),
     )
     .where(
         d.c.channel_id == sa.bindparam("p_channel"),
@@ -194,9 +166,8 @@ def _held(
     leases = conn.execute(_held_leases, params).all()
     if not leases:
         return []
-    tokens = {int(r[0]): str(r[6]) for r in leases}
-    rows = dialect._with_messages(conn, [(*r[:5], found[0], r[5]) for r in leases])
-    return [dataclasses.replace(row, token=tokens[row.delivery_id]) for row in rows]
+    lease = found[0]
+    return dialect._with_messages(conn, [{**r._mapping, "channel_lease": lease} for r in leases])
 
 
 def ack(
@@ -251,51 +222,21 @@ def _settled(
 
 
 def ack_and_claim(
-    conn: sa.Connection,
-    dialect: dialects.Dialect,
-    now: int,
-    acks: Sequence[Message],
-    channel_id: int,
-    limit: int,
-    lease_us: int,
-    token: str,
-    channel_lease: bool = False,
+    link: Link, dialect: dialects.Dialect, now: int, acks: Sequence[Message], p: ClaimParams
 ) -> tuple[list[Message], list[dialects.ClaimedRow], int, Effects]:
-    """:func:`ack` and :func:`claim` in one transaction: the acks whose lease was
-    lost, the rows claimed, ``now``, and what to count."""
+    """:func:`ack` of ``acks`` and :func:`claim` in one transaction: the acks
+    whose lease was lost, the rows claimed, ``now``, and what to count."""
+    p = p.at(now)
     pairs = [(msg.delivery_id, msg.lease_token) for msg in acks]
-    until = now + lease_us
-    if ordered(acks):
-        # The acked heads' groups move on first: their next deliveries may
-        # be claimed at once.
+    found = dialect.ack_and_claim(link, AckClaimParams(pairs, p, ordered(acks)))
+    if found is None:
+        # Ordered acks the dialect leaves to us: the acked heads' groups move
+        # on first, so their next deliveries may be claimed at once.
+        conn = core(link)
         done = _delete_ordered(conn, dialect, acks, pairs)
-        rows = dialect.claim(conn, channel_id, limit, now, until, token, channel_lease)
-    else:
-        done, rows = dialect.ack_and_claim(
-            conn, pairs, channel_id, limit, now, until, token, channel_lease
-        )
-    return _acked_and_claimed(acks, done, rows, channel_id, now)
-
-
-def ack_and_claim_driver(
-    dialect: dialects.Dialect,
-    clock: Callable[[], int],
-    acks: Sequence[Message],
-    channel_id: int,
-    limit: int,
-    lease_us: int,
-    token: str,
-    channel_lease: bool,
-    dbapi: Any,
-) -> tuple[list[Message], list[dialects.ClaimedRow], int, Effects]:
-    """:func:`ack_and_claim` in novaque's own transaction on the DBAPI
-    connection ``dbapi`` (the driver path, see
-    :meth:`novaque._executor.SyncExecutor.run_driver`)."""
-    now = clock()
-    pairs = [(msg.delivery_id, msg.lease_token) for msg in acks]
-    run = dialect.ack_ordered_and_claim_driver if ordered(acks) else dialect.ack_and_claim_driver
-    done, rows = run(dbapi, pairs, channel_id, limit, now, now + lease_us, token, channel_lease)
-    return _acked_and_claimed(acks, done, rows, channel_id, now)
+        found = done, dialect.claim(conn, p)
+    done, rows = found
+    return _acked_and_claimed(acks, done, rows, p.channel_id, now)
 
 
 def _acked_and_claimed(
@@ -335,7 +276,7 @@ def messages_of(
             lease_token=token if row.token is None else row.token,
             lease_expires_at=from_us(row.until),
             channel_id=channel_id,
-            group=row.group,
+            group=row.group_key,
             lease_us=row.until - now,
             channel_lease_us=row.channel_lease,
             order_key=row.order_key,
@@ -509,7 +450,18 @@ def claim_deferred(
         return [], now, Effects(tally=tally)
     ids = sorted(int(r[0]) for r in chosen)
     conn.execute(_lease_deferred, {"p_ids": ids, "p_until": until, "p_token": token})
-    leased = [(r[0], r[1], r[2] + 1, r[3], until, lease, r[4]) for r in chosen]
+    leased = [
+        {
+            "delivery_id": r[0],
+            "message_id": r[1],
+            "attempts": r[2] + 1,
+            "max_attempts": r[3],
+            "until": until,
+            "channel_lease": lease,
+            "order_key": r[4],
+        }
+        for r in chosen
+    ]
     tally.add("claimed", now, {channel_id: len(chosen)})
     return dialect._with_messages(conn, leased), now, Effects(tally=tally)
 
@@ -520,7 +472,7 @@ def pop(
     """Receive-and-delete: take up to ``limit`` due deliveries of the channel
     (those :func:`claim` would lease) and delete them, their groups moving on
     as at an ack: the rows, ``now``, and the claims and acks to count."""
-    rows = dialect.pop(conn, channel_id, limit, now)
+    rows = dialect.pop(conn, ClaimParams(channel_id, limit, 0, "", now=now))
     heads = [(channel_id, r.order_key, r.delivery_id) for r in rows if r.order_key is not None]
     if heads:
         _groups.leave(conn, dialect, heads, gone=True)

@@ -11,9 +11,7 @@ import sqlalchemy as sa
 
 from novaque import dialects
 from novaque._stats import MINUTE_US, Tally
-from novaque._time import day_of
-from novaque.ops import Batch, Effects, _groups, _sql
-from novaque.schema import (
+from novaque._tables import (
     COUNTER_COLUMNS,
     DEAD_VISIBLE_AT,
     STATE_DEAD,
@@ -25,6 +23,8 @@ from novaque.schema import (
     minute_stats,
     stats,
 )
+from novaque._time import day_of
+from novaque.ops import Batch, Effects, _groups, _sql
 
 d = deliveries
 

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from novaque import dialects
+from novaque._tables import consumers
 from novaque._time import from_us
 from novaque.models import ConsumerInfo
-from novaque.schema import consumers
 
 __all__ = ["beat", "forget_stale", "leave", "list_consumers", "register"]
 

@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 
 from novaque import _filters, _validate, dialects
 from novaque._stats import MINUTE_US, Tally
-from novaque.dialects.base import plain_channel
-from novaque.errors import DedupConflict, TopicGone
-from novaque.ops import Effects, _groups
-from novaque.ops.maintain import stats_rows
-from novaque.ops.topology import topic_id_in
-from novaque.schema import (
+from novaque._tables import (
     ORDERINGS,
     PARKED_OFFSET,
     STATE_READY,
@@ -27,6 +22,12 @@ from novaque.schema import (
     messages,
     minute_stats,
 )
+from novaque.dialects.base import core, plain_channel
+from novaque.dialects.params import Link, PublishParams
+from novaque.errors import DedupConflict, TopicGone
+from novaque.ops import Effects, _groups
+from novaque.ops.maintain import stats_rows
+from novaque.ops.topology import topic_id_in
 
 #: Largest batch of bodies sent in one INSERT. PyMySQL sends bodies escaped
 #: into the statement text (up to twice their size), and MariaDB's default
@@ -57,8 +58,8 @@ class Published:
     routed: bool = False
     declined: bool = False
     warnings: tuple[str, ...] = ()
-    #: The driver path's plan of the topic for its next publish (see
-    #: :meth:`novaque.dialects.Dialect.publish_one_driver`), or None.
+    #: The topic's plan for its next publish (see
+    #: :meth:`novaque.dialects.Dialect.publish_plain`), or None.
     plan: str | None = None
     filters: frozenset[str] | None = None
 
@@ -87,7 +88,7 @@ def one_statement(bodies: Sequence[bytes], dedup_keys: Sequence[str | None]) -> 
 
 
 def publish(
-    conn: sa.Connection,
+    link: Link,
     dialect: dialects.Dialect,
     now: int,
     *,
@@ -103,16 +104,23 @@ def publish(
     routed: bool = True,
     verdicts: Verdicts | None = None,
     evaluate_here: bool = True,
+    plan: str | None = None,
 ) -> Published:
     """Publish ``bodies`` to ``topic``; with ``topic_id`` None the id is read (the
     topic created if missing) in this transaction. ``routed=False``: see
     :attr:`Published.declined`. ``verdicts``: filters evaluated before the
     transaction (:func:`evaluate`); the others are evaluated in it, or with
-    ``evaluate_here=False`` raise :class:`Unevaluated`."""
+    ``evaluate_here=False`` raise :class:`Unevaluated`. ``plan``: the one the
+    last publish to the topic returned (:attr:`Published.plan`), if any.
+
+    On a :class:`~novaque.dialects.params.Driver` link (the executor's choice
+    for ``op="publish_one"``: one message without dedup key or group, the
+    topic id known, ``routed=False``) the dialect writes it in a transaction
+    of its own."""
     learned = None
     if topic_id is None:
-        topic_id = learned = topic_id_in(conn, dialect, now, topic)
-    elif any(k is not None for k in dedup_keys) and not dialect.hold_topic(conn, topic_id):
+        topic_id = learned = topic_id_in(core(link), dialect, now, topic)
+    elif any(k is not None for k in dedup_keys) and not dialect.hold_topic(core(link), topic_id):
         # (Without dedup keys, publish_plain holds the topic itself.)
         raise TopicGone(topic)
     rows = [
@@ -127,8 +135,8 @@ def publish(
         }
         for body, key, group in zip(bodies, dedup_keys, groups or [None] * len(bodies), strict=True)
     ]
-    written = _write_messages(conn, dialect, topic, topic_id, rows, now + delay_us, routed)
-    ids, fanout, fresh, special = written
+    written = _write_messages(link, dialect, topic, topic_id, rows, now + delay_us, routed, plan)
+    ids, fanout, fresh, special, learned_plan = written
     if special and not ids:
         return Published([], Counter(), now, 0, learned, routed=True, declined=True)
     warnings: list[str] = []
@@ -136,7 +144,7 @@ def publish(
     if special and fresh:
         group_of: dict[int, Any] = {i: row["group_key"] for i, row in zip(ids, rows, strict=True)}
         routed_fanout, filters = _fan_out_routed(
-            conn,
+            core(link),
             dialect,
             topic,
             topic_id,
@@ -150,38 +158,17 @@ def publish(
         )
         fanout.update(routed_fanout)
     return Published(
-        ids, fanout, now, len(fresh), learned, special, False, tuple(warnings), filters=filters
+        ids,
+        fanout,
+        now,
+        len(fresh),
+        learned,
+        special,
+        False,
+        tuple(warnings),
+        plan=learned_plan,
+        filters=filters,
     )
-
-
-def publish_one(
-    dialect: dialects.Dialect,
-    clock: Callable[[], int],
-    topic: str,
-    topic_id: int,
-    params: dict[str, Any],
-    plan: str | None,
-    dbapi: Any,
-) -> Published | None:
-    """:func:`publish` of one message without dedup key or group, in novaque's
-    own transaction on the DBAPI connection ``dbapi`` (the driver path, see
-    :meth:`novaque._executor.SyncExecutor.run_driver`); None, having written
-    nothing, when the topic has routed channels. ``plan``: the one the last
-    publish to the topic returned (``Published.plan``), if any."""
-    now = clock()
-    fields = {
-        "topic_id": topic_id,
-        "headers": params["headers"],
-        "published_at": now,
-        "expires_at": now + params["ttl_us"],
-        "max_attempts": params["max_attempts"],
-    }
-    [body] = params["bodies"]
-    done = dialect.publish_one_driver(dbapi, topic, fields, body, now + params["delay_us"], plan)
-    if done is None:
-        return None
-    message_id, fanout, next_plan = done
-    return Published([message_id], Counter(fanout), now, 1, None, plan=next_plan)
 
 
 #: The routed channels of a topic, read as the plain fan-out reads the plain
@@ -354,17 +341,19 @@ def count_here(conn: sa.Connection, dialect: dialects.Dialect, done: Published) 
 
 
 def _write_messages(
-    conn: sa.Connection,
+    link: Link,
     dialect: dialects.Dialect,
     topic: str,
     topic_id: int,
     rows: list[dict[str, Any]],
     visible: int,
     routed: bool,
-) -> tuple[list[int], Counter[int], list[int], bool]:
+    plan: str | None,
+) -> tuple[list[int], Counter[int], list[int], bool, str | None]:
     """Insert messages and their deliveries to plain channels: the ids in order,
     the deliveries per channel, the ids of the messages stored (a repeated dedup
-    key stores none), and whether the topic has routed channels.
+    key stores none), whether the topic has routed channels, and the topic's
+    plan for its next publish (see :meth:`~novaque.dialects.Dialect.publish_plain`).
 
     A dedup key held with another body, headers or group raises
     :class:`DedupConflict` and leaves nothing of the call written."""
@@ -376,20 +365,25 @@ def _write_messages(
         counts: Counter[int] = Counter()
         special = False
         for chunk in _chunks(list(range(len(rows))), rows):
-            chunk_ids, chunk_counts, special = dialect.publish_plain(
-                conn,
-                topic,
-                fields,
-                [rows[i]["body"] for i in chunk],
-                visible,
-                routed=routed,
-                groups=[rows[i]["group_key"] for i in chunk],
+            done = dialect.publish_plain(
+                link,
+                PublishParams(
+                    topic,
+                    fields,
+                    [rows[i]["body"] for i in chunk],
+                    visible,
+                    [rows[i]["group_key"] for i in chunk],
+                    routed,
+                    plan,
+                ),
             )
-            if special and not chunk_ids:
-                return [], Counter(), [], True  # declined: nothing written
-            new_ids += chunk_ids
-            counts.update(chunk_counts)
-        return new_ids, counts, new_ids, special
+            special, plan = done.routed, done.plan
+            if special and not done.ids:
+                return [], Counter(), [], True, None  # declined: nothing written
+            new_ids += done.ids
+            counts.update(done.counts)
+        return new_ids, counts, new_ids, special, plan
+    conn = core(link)
     ids: dict[int, int] = {}  # row index: message id
     new_at: list[int] = []  # indexes of the rows really inserted
     # The keyed rows first: a conflict is found before anything else of the
@@ -424,7 +418,7 @@ def _write_messages(
             conn, topic, topic_id, fresh, visible, rows[0]["max_attempts"]
         )
         fanout.update(counts_fresh)
-    return [ids[i] for i in range(len(rows))], fanout, fresh, special
+    return [ids[i] for i in range(len(rows))], fanout, fresh, special, None
 
 
 def _insert_deduplicated(

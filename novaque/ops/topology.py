@@ -9,10 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from novaque import dialects
-from novaque.errors import ChannelNotFound, TopicNotFound
-from novaque.models import ChannelSettings, Ordering
-from novaque.ops import Effects
-from novaque.schema import (
+from novaque._tables import (
     ORDERINGS,
     channels,
     deliveries,
@@ -22,6 +19,9 @@ from novaque.schema import (
     stats,
     topics,
 )
+from novaque.errors import ChannelNotFound, TopicNotFound
+from novaque.models import ChannelSettings, Ordering
+from novaque.ops import Effects
 
 d = deliveries
 

@@ -21,7 +21,8 @@ def _database(url: sa.URL) -> dict[str, Any]:
     if backend == "sqlite":
         options: dict[str, Any] = {"timeout": 30}
         if django.VERSION >= (5, 1):
-            # Take the write lock at BEGIN, where the timeout applies (the guide says why).
+            # Take the write lock at BEGIN, where the timeout applies
+            # (docs/how-to/django.md says why).
             options["transaction_mode"] = "IMMEDIATE"
         return {"ENGINE": "django.db.backends.sqlite3", "NAME": url.database, "OPTIONS": options}
     if backend == "postgresql":

@@ -1,4 +1,4 @@
-"""Figures of the guide's "Scaling out" chapter, measured through PgBouncer.
+"""Figures of docs/how-to/pgbouncer.md, measured through PgBouncer.
 
     python tests/topologies/measure.py
 

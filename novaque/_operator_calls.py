@@ -38,8 +38,8 @@ __all__ = ["BACKLOG", "DEAD_PAGE", "Operations"]
 
 
 class Operations:
-    """Stats, backlog, dead letters, browsing, replay and prune (see the guide,
-    "Operating"): a part of :class:`novaque.Client`, which forwards its calls.
+    """Stats, backlog, dead letters, browsing, replay and prune (see the how-to
+    pages of docs/guide.md): a part of :class:`novaque.Client`, which forwards its calls.
 
     It works through the client's core (``core``: its transactions, clock and
     options) and adds dead-letter retention to the core's purge pass.
@@ -135,7 +135,7 @@ class Operations:
         removes it at shutdown; a consumer whose process died is listed until
         maintenance drops it, three heartbeats after its last one (by the
         clock). A name no consumer runs on gives ``[]`` (no
-        :class:`TopicNotFound`: the list is about processes).
+        :class:`~novaque.TopicNotFound`: the list is about processes).
         """
         if topic is not None:
             _validate.name(topic, "topic")
@@ -161,7 +161,7 @@ class Operations:
     def topic_backlog(self, topic: str) -> dict[str, Backlog]:
         """The backlog of each channel of ``topic``, by channel name (sorted).
 
-        Every channel is listed, idle ones with a zero :class:`Backlog`; add
+        Every channel is listed, idle ones with a zero :class:`~novaque.Backlog`; add
         them up with ``+`` for the topic's total. One statement for all
         channels (the same index-only counts per channel).
         """
@@ -418,7 +418,7 @@ class Operations:
         """A stored message with the state of each of its live deliveries.
 
         A channel missing from ``deliveries`` has acked the message (or did not
-        exist when it was published). :class:`MessageNotFound` if no message
+        exist when it was published). :class:`~novaque.MessageNotFound` if no message
         has this id (never published, or purged by TTL or :meth:`prune`).
         """
         message_id = _validate.message_id(id)
