@@ -27,7 +27,7 @@ from novaque._waits import Event, Runner
 from novaque.ops import presence
 
 if TYPE_CHECKING:
-    from novaque._core import CoreClient
+    from novaque._context import Context
     from novaque.consumer import Consumer
 
 __all__ = ["Presence"]
@@ -57,8 +57,8 @@ if hasattr(os, "register_at_fork"):
 class Presence:
     """The rows of one client's running consumers (see the module docstring)."""
 
-    def __init__(self, client: CoreClient, interval_s: float) -> None:
-        self._client = client
+    def __init__(self, context: Context, interval_s: float) -> None:
+        self._context = context
         self.interval_s = interval_s
         self._lock = threading.Lock()
         #: Running consumers and their row ids (None: not registered yet).
@@ -74,8 +74,8 @@ class Presence:
         with self._lock:
             self._rows[consumer] = row
             if self._loop is None:
-                stop = self._client._waits.event()
-                runner = self._client._waits.spawn(
+                stop = self._context.waits.event()
+                runner = self._context.waits.spawn(
                     lambda: self._beat_loop(stop), "novaque-consumers-online"
                 )
                 self._loop = (runner, stop)
@@ -89,9 +89,9 @@ class Presence:
                 self._loop = None
         if row is not None:
             try:
-                self._client._run_op("", presence.leave, row)
+                self._context.run_op("", presence.leave, row)
             except Exception as exc:
-                self._client.log.warning(
+                self._context.log.warning(
                     "could not remove consumer %s/%s from the consumers online (maintenance "
                     "drops it after three heartbeats): %s",
                     consumer.topic,
@@ -110,7 +110,7 @@ class Presence:
             rows = list(self._rows.items())
         known = [(row, consumer) for consumer, row in rows if row is not None]
         by_row = dict(known)
-        gone = self._client._run_timed(
+        gone = self._context.run_timed(
             "", presence.beat, [(row, consumer.in_flight) for row, consumer in known]
         )
         again = [by_row[row] for row in gone] + [c for c, row in rows if row is None]
@@ -121,12 +121,12 @@ class Presence:
                     self._rows[consumer] = row
                     continue
             if row is not None:  # it stopped while registering: take the row back
-                self._client._run_op("", presence.leave, row)
+                self._context.run_op("", presence.leave, row)
         self.signals.bump("beats")
 
     def _register(self, consumer: Consumer) -> int | None:
         try:
-            return self._client._run_timed(
+            return self._context.run_timed(
                 "",
                 presence.register,
                 host=socket.gethostname()[:HOST_CHARS],
@@ -138,7 +138,7 @@ class Presence:
             )
         except Exception as exc:
             self.signals.bump("errors")
-            self._client.log.warning(
+            self._context.log.warning(
                 "could not register consumer %s/%s with the consumers online (retrying at "
                 "the next heartbeat): %s",
                 consumer.topic,
@@ -154,7 +154,7 @@ class Presence:
                 self.beat()
             except Exception as exc:
                 self.signals.bump("errors")
-                self._client.log.warning(
+                self._context.log.warning(
                     "could not refresh the consumers online (retrying at the next heartbeat): %s",
                     _validate.error_text(exc),
                 )

@@ -7,10 +7,11 @@ paths, once per call (one attribute read), and does nothing more while it is
 
 - :data:`publish` wraps every :meth:`~novaque.Client.publish` and
   :meth:`~novaque.Client.publish_many` call of both twins
-  (``CoreClient._publish``): it gets the topic, how many bodies, whether the
-  call is a batch (``publish_many``), the caller's headers (not validated
-  yet) and ``write``, which publishes with the headers it is given (the
-  caller's, or a copy carrying the trace context) and returns the ids.
+  (``Publishing._publish``, :mod:`novaque._publishing`): it gets the
+  topic, how many bodies, whether the call is a batch (``publish_many``),
+  the caller's headers (not validated yet) and ``write``, which publishes
+  with the headers it is given (the caller's, or a copy carrying the trace
+  context) and returns the ids.
 - :data:`process` wraps every handler call (``_settle.outcome_of``, used by
   the thread and asyncio consumers and :func:`novaque.testing.drain`): it
   gets the message and ``run``, which calls (or awaits) the handler and

@@ -1,6 +1,6 @@
 """The operator's calls: counters and backlog, dead letters, browsing, replay, prune.
 
-:class:`Operations` holds them, over a :class:`~novaque._core.CoreClient`;
+:class:`Operations` holds them, over a client's :class:`~novaque._context.Context`;
 :class:`novaque.Client` composes one and forwards its calls to it. Reads never
 create a topic or a channel: a missing topic raises
 :class:`~novaque.TopicNotFound`, a missing channel of an existing topic
@@ -25,7 +25,8 @@ from collections.abc import Iterable, Iterator
 from datetime import date, datetime
 
 from novaque import _validate
-from novaque._core import CoreClient
+from novaque._context import Context
+from novaque._maintenance import Maintenance
 from novaque._stats import MINUTE_US, MINUTES_KEPT_US
 from novaque._time import to_us
 from novaque._waits import Waits
@@ -41,13 +42,14 @@ class Operations:
     """Stats, backlog, dead letters, browsing, replay and prune (see the how-to
     pages of docs/guide.md): a part of :class:`novaque.Client`, which forwards its calls.
 
-    It works through the client's core (``core``: its transactions, clock and
-    options) and adds dead-letter retention to the core's purge pass.
+    It works through the client's context (``context``: its transactions,
+    clock and options) and adds dead-letter retention to the purge pass of
+    the client's ``maintenance``.
     """
 
-    def __init__(self, core: CoreClient) -> None:
-        self._core = core
-        core._add_purge_pass(self.enforce_dead_retention)
+    def __init__(self, context: Context, maintenance: Maintenance) -> None:
+        self._context = context
+        maintenance.add_purge_pass(self.enforce_dead_retention)
 
     # -- counters -------------------------------------------------------------------------
 
@@ -68,7 +70,7 @@ class Operations:
         first, last = _validate.day_range(since, until)
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
-        return self._core._run_op("", browse.channel_counters, topic, channel, first, last)
+        return self._context.run_op("", browse.channel_counters, topic, channel, first, last)
 
     def topic_counters(
         self,
@@ -80,7 +82,7 @@ class Operations:
         """The counters of every channel of ``topic`` added up (see :meth:`channel_counters`)."""
         first, last = _validate.day_range(since, until)
         _validate.name(topic, "topic")
-        return self._core._run_op("", browse.topic_counters, topic, first, last)
+        return self._context.run_op("", browse.topic_counters, topic, first, last)
 
     def daily_counters(
         self,
@@ -97,7 +99,7 @@ class Operations:
         first, last = _validate.day_range(since, until)
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
-        return self._core._run_op("", browse.daily_counters, topic, channel, first, last)
+        return self._context.run_op("", browse.daily_counters, topic, channel, first, last)
 
     def minute_counters(
         self, topic: str, channel: str, *, since: datetime | None = None
@@ -114,13 +116,13 @@ class Operations:
         :meth:`flush_stats` first for this process's latest counts.
         """
         if since is None:
-            first = self._core._now() - MINUTES_KEPT_US
+            first = self._context.now() - MINUTES_KEPT_US
         else:
             first = to_us(_validate.moment(since, "since"))
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
         first = first // MINUTE_US * MINUTE_US
-        return self._core._run_op("", browse.minute_counters, topic, channel, first)
+        return self._context.run_op("", browse.minute_counters, topic, channel, first)
 
     # -- consumers online ---------------------------------------------------------------------
 
@@ -141,7 +143,7 @@ class Operations:
             _validate.name(topic, "topic")
         if channel is not None:
             _validate.name(channel, "channel")
-        return self._core._run_op("", presence.list_consumers, topic, channel)
+        return self._context.run_op("", presence.list_consumers, topic, channel)
 
     # -- backlog ------------------------------------------------------------------------------
 
@@ -156,7 +158,7 @@ class Operations:
         """
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
-        return self._core._run_timed("", browse.channel_backlog, topic, channel)
+        return self._context.run_timed("", browse.channel_backlog, topic, channel)
 
     def topic_backlog(self, topic: str) -> dict[str, Backlog]:
         """The backlog of each channel of ``topic``, by channel name (sorted).
@@ -166,7 +168,7 @@ class Operations:
         channels (the same index-only counts per channel).
         """
         _validate.name(topic, "topic")
-        return self._core._run_timed("", browse.topic_backlog, topic)
+        return self._context.run_timed("", browse.topic_backlog, topic)
 
     # -- dead letters ------------------------------------------------------------------------
 
@@ -189,7 +191,7 @@ class Operations:
         _validate.name(channel, "channel")
         page = _validate.page_limit(limit)
         after = _validate.after_id(after_id)
-        return self._core._run_op("", browse.list_dead, topic, channel, page, after, with_body)
+        return self._context.run_op("", browse.list_dead, topic, channel, page, after, with_body)
 
     def requeue_dead(
         self,
@@ -234,7 +236,7 @@ class Operations:
         not, never half.
         """
         return sum(
-            self._dead_letter_chunks(
+            self.dead_letter_chunks(
                 "requeue",
                 topic,
                 channel,
@@ -266,12 +268,12 @@ class Operations:
         Works in transactions of ``Options.maintenance_batch`` letters.
         """
         return sum(
-            self._dead_letter_chunks(
+            self.dead_letter_chunks(
                 "delete", topic, channel, ids, limit=limit, died_before=died_before
             )
         )
 
-    def _dead_letter_chunks(
+    def dead_letter_chunks(
         self,
         action: browse.DeadAction,
         topic: str,
@@ -297,14 +299,14 @@ class Operations:
         if died_before is not None:
             before = to_us(_validate.moment(died_before, "died_before"))
         per_second = None if rate is None else _validate.rate(rate)
-        batch = self._core.options.maintenance_batch
+        batch = self._context.options.maintenance_batch
         if per_second is not None:
             batch = max(1, min(batch, int(per_second)))  # one second's worth at most
-        channel_id, target_id = self._core._run_op(
+        channel_id, target_id = self._context.run_op(
             "", browse.dead_channels, topic, channel, to_channel
         )
         work = browse.DeadWork(
-            action, topic, channel_id, microseconds(self._core._default_ttl), before, target_id
+            action, topic, channel_id, microseconds(self._context.default_ttl), before, target_id
         )
         return self._dead_chunks(work, wanted, most, batch, per_second)
 
@@ -319,28 +321,28 @@ class Operations:
         if most is not None:
             # The letters to take, chosen once (one sort of the dead range),
             # then worked through by id, each checked again as it is locked.
-            wanted = self._core._run_op(
+            wanted = self._context.run_op(
                 "", browse.oldest_dead, work.channel_id, wanted, work.died_before, most
             )
-        pace = _Pace(per_second, self._core._waits)
+        pace = _Pace(per_second, self._context.waits)
         if wanted is not None:
             for i in range(0, len(wanted), batch):
                 pace.wait()
                 chunk = sorted(wanted[i : i + batch])
-                _, done, _, effects = self._core._run_timed(
+                _, done, _, effects = self._context.run_timed(
                     "", browse.dead_batch, work, chunk, 0, batch
                 )
-                self._core._apply(effects)
+                self._context.apply(effects)
                 pace.took(len(chunk))
                 yield done
             return
         after = 0
         while True:
             pace.wait()
-            seen, done, after, effects = self._core._run_timed(
+            seen, done, after, effects = self._context.run_timed(
                 "", browse.dead_batch, work, None, after, batch
             )
-            self._core._apply(effects)
+            self._context.apply(effects)
             pace.took(seen)
             yield done
             if seen < batch:
@@ -359,11 +361,11 @@ class Operations:
         Only dead rows are touched; they count as ``purged``. Part of
         :meth:`run_maintenance`.
         """
-        default_age = self._core.options.dead_max_age
+        default_age = self._context.options.dead_max_age
         age_default = None if default_age is None else _validate.dead_max_age_us(default_age)
-        count_default = self._core.options.dead_max_count
-        bytes_default = self._core.options.dead_max_bytes
-        bounded = self._core._run_op(
+        count_default = self._context.options.dead_max_count
+        bytes_default = self._context.options.dead_max_bytes
+        bounded = self._context.run_op(
             "",
             maintain.dead_bounds,
             age_default is None and count_default is None and bytes_default is None,
@@ -380,12 +382,12 @@ class Operations:
             if max_bytes is not None:
                 total += self._retire_bytes(channel_id, int(max_bytes))
         if total:
-            self._core.log.debug("dead-letter retention deleted %d letters", total)
+            self._context.log.debug("dead-letter retention deleted %d letters", total)
         return total
 
     def _retire_older(self, channel_id: int, max_age_us: int) -> int:
-        batch = self._core.options.maintenance_batch
-        return self._core._in_batches(maintain.retire_older_batch, channel_id, max_age_us, batch)
+        batch = self._context.options.maintenance_batch
+        return self._context.in_batches(maintain.retire_older_batch, channel_id, max_age_us, batch)
 
     def _retire_beyond(self, channel_id: int, keep: int) -> int:
         """Delete all but the newest ``keep`` dead letters (by died_at), oldest first.
@@ -393,11 +395,11 @@ class Operations:
         Everything older than the ``keep``-th newest letter stays older than it
         as letters keep dying, so concurrent passes never delete too many.
         """
-        edge = self._core._run_op("", maintain.dead_boundary, channel_id, keep)
+        edge = self._context.run_op("", maintain.dead_boundary, channel_id, keep)
         if edge is None:
             return 0
-        batch = self._core.options.maintenance_batch
-        return self._core._in_batches(maintain.retire_beyond_batch, channel_id, edge, batch)
+        batch = self._context.options.maintenance_batch
+        return self._context.in_batches(maintain.retire_beyond_batch, channel_id, edge, batch)
 
     def _retire_bytes(self, channel_id: int, max_bytes: int) -> int:
         """Delete the oldest died dead letters until the newest left total at
@@ -406,11 +408,11 @@ class Operations:
         As for :meth:`_retire_beyond`, letters that die meanwhile are newer
         than the boundary: concurrent passes never delete too many.
         """
-        edge = self._core._run_op("", maintain.dead_bytes_boundary, channel_id, max_bytes)
+        edge = self._context.run_op("", maintain.dead_bytes_boundary, channel_id, max_bytes)
         if edge is None:
             return 0
-        batch = self._core.options.maintenance_batch
-        return self._core._in_batches(maintain.retire_beyond_batch, channel_id, edge, batch)
+        batch = self._context.options.maintenance_batch
+        return self._context.in_batches(maintain.retire_beyond_batch, channel_id, edge, batch)
 
     # -- browsing -------------------------------------------------------------------------------
 
@@ -422,7 +424,7 @@ class Operations:
         has this id (never published, or purged by TTL or :meth:`prune`).
         """
         message_id = _validate.message_id(id)
-        return self._core._run_timed("", browse.get_message, message_id)
+        return self._context.run_timed("", browse.get_message, message_id)
 
     def list_messages(
         self,
@@ -444,7 +446,7 @@ class Operations:
         after = _validate.after_id(after_id)
         since_us = None if since is None else to_us(_validate.moment(since, "since"))
         until_us = None if until is None else to_us(_validate.moment(until, "until"))
-        return self._core._run_timed(
+        return self._context.run_timed(
             "", browse.list_messages, topic, since_us, until_us, page, after
         )
 
@@ -461,8 +463,8 @@ class Operations:
         transaction.
         """
         wanted_id = _validate.message_id(message_id, "message_id")
-        cancelled, effects = self._core._run_timed("", browse.cancel, wanted_id)
-        self._core._apply(effects)
+        cancelled, effects = self._context.run_timed("", browse.cancel, wanted_id)
+        self._context.apply(effects)
         return cancelled
 
     # -- replay ---------------------------------------------------------------------------------
@@ -480,9 +482,9 @@ class Operations:
         """
         wanted_id = _validate.message_id(message_id, "message_id")
         names = None if channels is None else _validate.names(channels, "channel")
-        ttl_us = microseconds(self._core._default_ttl)
-        created, effects = self._core._run_timed("", browse.replay, wanted_id, names, ttl_us)
-        self._core._apply(effects)
+        ttl_us = microseconds(self._context.default_ttl)
+        created, effects = self._context.run_timed("", browse.replay, wanted_id, names, ttl_us)
+        self._context.apply(effects)
         return created
 
     def replay_range(
@@ -501,11 +503,11 @@ class Operations:
         first = to_us(_validate.moment(since, "since"))
         last = to_us(_validate.moment(until, "until"))
         names = None if channels is None else _validate.names(channels, "channel")
-        ttl_us = microseconds(self._core._default_ttl)
-        created, effects = self._core._run_timed(
+        ttl_us = microseconds(self._context.default_ttl)
+        created, effects = self._context.run_timed(
             "", browse.replay_range, topic, first, last, names, ttl_us
         )
-        self._core._apply(effects)
+        self._context.apply(effects)
         return created
 
     # -- prune ----------------------------------------------------------------------------------
@@ -519,16 +521,18 @@ class Operations:
         Deleted deliveries, dead ones included, count as ``purged``.
         """
         cutoff = to_us(_validate.moment(before, "before"))
-        topic_ids = self._core._run_op("", browse.topic_ids)
+        topic_ids = self._context.run_op("", browse.topic_ids)
         if dry_run:
-            return self._core._run_op("", browse.prune_count, topic_ids, cutoff)
-        batch = self._core.options.maintenance_batch
+            return self._context.run_op("", browse.prune_count, topic_ids, cutoff)
+        batch = self._context.options.maintenance_batch
         total = sum(
-            self._core._in_batches(browse.prune_batch, topic_id, cutoff, batch)
+            self._context.in_batches(browse.prune_batch, topic_id, cutoff, batch)
             for topic_id in topic_ids
         )
         if total:
-            self._core.log.info("pruned %d messages published before %s", total, before.isoformat())
+            self._context.log.info(
+                "pruned %d messages published before %s", total, before.isoformat()
+            )
         return total
 
 

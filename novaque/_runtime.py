@@ -1,7 +1,7 @@
 """The running side of the client: consumers, maintenance loops, and wake-ups.
 
 :class:`Runtime` is the part of :class:`novaque.Client` that runs things over
-its :class:`~novaque._core.CoreClient` (the client forwards to it):
+the parts of its core (:class:`~novaque._core.Parts`; the client forwards to it):
 
 - ``subscribe`` / ``subscribe_and_start``, which make :class:`~novaque.Consumer`
   objects;
@@ -34,10 +34,17 @@ from dataclasses import dataclass, field
 
 from novaque import _validate
 from novaque._consumers_online import Presence
-from novaque._core import CoreClient
+from novaque._core import Parts
 from novaque._signals import Signals
 from novaque._waits import Event, Runner, jittered
-from novaque.consumer import Consumer, Handler, RetryDelay
+from novaque.consumer import (
+    Consumer,
+    Handler,
+    RetryDelay,
+    begin_shutdown,
+    finish_shutdown,
+    waker_of,
+)
 from novaque.dialects import ListenNotDelivered, NotifyListener
 from novaque.errors import InvalidOption, SchemaOutOfDate
 from novaque.models import Message
@@ -74,18 +81,25 @@ class _Listening:
 
 
 class Runtime:
-    """Consumers, background maintenance and wake-ups over one client's core.
+    """Consumers, background maintenance and wake-ups over the parts of one
+    client's core.
 
-    It holds no SQL and no operation: what it runs goes through ``core``'s
-    methods. It registers two things with the core: a counter arriving in
-    the empty buffer starts the stats flusher (unless maintenance runs), and
-    a long poll (``claim(wait=)``, ``pop(wait=)``) waits here.
+    It holds no SQL and no operation: what it runs goes through the parts'
+    methods (its consumers claim and settle through the client's
+    :class:`~novaque._consuming.Consuming`). It registers two things with
+    them: a counter arriving in the empty buffer starts the stats flusher
+    (unless maintenance runs), and a long poll (``claim(wait=)``,
+    ``pop(wait=)``) waits here.
     """
 
-    def __init__(self, core: CoreClient) -> None:
-        self.core = core
-        self.log = core.log
-        self._waits = waits = core._waits
+    def __init__(self, parts: Parts) -> None:
+        self.context = context = parts.context
+        self.topology = parts.topology
+        self.consuming = parts.consuming
+        self.jobs = parts.maintenance
+        self.options = context.options
+        self.log = context.log
+        self._waits = waits = context.waits
         self._lock = threading.Lock()
         #: Consumers that shut down with the client; those running now.
         self.consumers: list[Consumer] = []
@@ -98,12 +112,12 @@ class Runtime:
         self._pollers = 0
         #: Whether this client holds a wake-up connection (``Options.listen``;
         #: off for good once a LISTEN was found not delivered).
-        self.listens = core.options.listen
+        self.listens = context.options.listen
         #: Seconds between two looks of the change watcher, or None: no watcher
         #: (PostgreSQL listens instead; ``Options.watch_interval=None``).
-        interval = core.options.watch_interval
+        interval = context.options.watch_interval
         self.watch_s: float | None = None
-        if core._dialect.supports_watch and interval is not None:
+        if context.dialect.supports_watch and interval is not None:
             self.watch_s = watch_interval(interval, "Options.watch_interval")
         # Counters of a client that runs no maintenance (a process that only
         # publishes) are flushed by a loop of their own while there are any.
@@ -115,9 +129,9 @@ class Runtime:
         #: on these instead of sleeping.
         self.signals = Signals()
         #: Consumers online: the rows of this client's running consumers.
-        self.presence = Presence(core, core._consumer_heartbeat)
-        core._add_counters_listener(self._counters_added)
-        core._set_long_poll(self.long_poll)
+        self.presence = Presence(context, context.consumer_heartbeat)
+        context.add_counters_listener(self._counters_added)
+        self.consuming.set_long_poll(self.long_poll)
 
     # -- consumers ------------------------------------------------------------------
 
@@ -150,7 +164,7 @@ class Runtime:
             backoff=backoff,
             poll_interval=poll_interval,
         )
-        self.core.ensure_channel(topic, channel)
+        self.topology.ensure_channel(topic, channel)
         with self._lock:
             self.consumers.append(consumer)
         return consumer
@@ -169,7 +183,7 @@ class Runtime:
     ) -> Consumer:
         """A consumer with its settings checked (no I/O); ``register``: shut
         down with the client from now on."""
-        options = self.core.options
+        options = self.options
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
         _validate.handler(handler, self._waits)
@@ -179,7 +193,7 @@ class Runtime:
             1,
             MAX_IN_FLIGHT,
         )
-        lease_s = _validate.lease(lease, self.core._default_lease)
+        lease_s = _validate.lease(lease, self.context.default_lease)
         policy = options.backoff if backoff is None else backoff
         if not isinstance(policy, Backoff):
             raise InvalidOption(f"backoff must be a novaque.Backoff, got {type(policy).__name__}")
@@ -189,7 +203,7 @@ class Runtime:
             allow_zero=False,
         )
         consumer = Consumer(
-            self.core,
+            self.consuming,
             self,
             topic,
             channel,
@@ -209,7 +223,7 @@ class Runtime:
         """Create the consumer's channel if missing, then start it (the asyncio
         twin's ``subscribe`` does no I/O, so its consumers do this at start)."""
         if not consumer.running:
-            self.core.ensure_channel(consumer.topic, consumer.channel)
+            self.topology.ensure_channel(consumer.topic, consumer.channel)
         consumer.start()
 
     def subscribe_and_start(
@@ -235,14 +249,14 @@ class Runtime:
         ).start()
 
     def consumer_started(self, consumer: Consumer) -> None:
-        self.core._add_waker(consumer.topic, consumer._wake_up)
+        self.context.add_waker(consumer.topic, waker_of(consumer))
         with self._lock:
             self._running.add(consumer)
             self.listen_locked()
         self.presence.joined(consumer)
 
     def consumer_stopped(self, consumer: Consumer) -> None:
-        self.core._remove_waker(consumer.topic, consumer._wake_up)
+        self.context.remove_waker(consumer.topic, waker_of(consumer))
         self.presence.left(consumer)
         with self._lock:
             self._running.discard(consumer)
@@ -270,13 +284,13 @@ class Runtime:
         any long poll or consumer of the client waits. A missing channel
         raises before the wait begins.
         """
-        core = self.core
-        core._channel_id(topic, channel)
-        poll_s = seconds(core.options.poll_interval, "poll_interval", allow_zero=False)
+        context = self.context
+        self.topology.channel_id(topic, channel)
+        poll_s = seconds(self.options.poll_interval, "poll_interval", allow_zero=False)
         deadline = time.monotonic() + wait_s
         woken = self._waits.event()
         wake = woken.set
-        core._add_waker(topic, wake)
+        context.add_waker(topic, wake)
         with self._lock:
             self._pollers += 1
             self.listen_locked()
@@ -294,7 +308,7 @@ class Runtime:
                 woken.wait(min(left, jittered(poll_s)))
                 woken.clear()
         finally:
-            core._remove_waker(topic, wake)
+            context.remove_waker(topic, wake)
             with self._lock:
                 self._pollers -= 1
             self._stop_listener(timeout=5.0, unless_needed=True)
@@ -304,13 +318,13 @@ class Runtime:
     def listen_locked(self) -> None:
         """Start the listener if the database pushes wake-ups (or the change
         watcher where it does not) and it is not running (under ``_lock``)."""
-        listens = self.core._dialect.supports_notify or self.watch_s is not None
+        listens = self.context.dialect.supports_notify or self.watch_s is not None
         if listens and self.listens and self.listening is None:
             run = self.listening = _Listening(self._waits.event())
             run.loop = self._waits.spawn(lambda: self._listen_loop(run), "novaque-listener")
 
     def _open_listener(self) -> NotifyListener | None:
-        executor = self.core._executor
+        executor = self.context.executor
         if self.watch_s is not None:
             return executor.open_watcher(self.watch_s)
         return executor.open_listener()
@@ -341,11 +355,11 @@ class Runtime:
                         errors.reset()
                         signals.bump("listen_connected")
                         # Anything published while we were not listening was missed.
-                        self.core._wake_all()
+                        self.context.wake_all()
                         continue
                     topics = listener.wait(LISTEN_WAIT_S)
                     for topic in dict.fromkeys(topics):
-                        self.core._wake(topic)
+                        self.context.wake(topic)
                     if topics:
                         signals.bump("notified", len(topics))
                 except ListenNotDelivered as exc:
@@ -409,7 +423,7 @@ class Runtime:
         it; any other error of that first check is left to the loops' retries.
         """
         try:
-            self.core._ready()
+            self.context.ready()
         except SchemaOutOfDate:
             raise
         except Exception:  # e.g. the database not reachable yet: the loops retry
@@ -422,14 +436,14 @@ class Runtime:
         self.log.info("novaque maintenance started")
 
     def _maintenance_jobs(self) -> list[_Job]:
-        core = self.core
-        o = core.options
+        jobs = self.jobs
+        o = self.options
         return [
             _Job("reap", seconds(o.reap_interval, "reap_interval"), self._reap_pass),
-            _Job("purge", seconds(o.purge_interval, "purge_interval"), core._purge_pass),
-            _Job("flush", seconds(o.stats_flush_interval, "flush"), core.flush_stats),
-            _Job("prune", seconds(o.stats_prune_interval, "prune"), core.prune_stats),
-            _Job("consumers", core._consumer_heartbeat, core.forget_stale_consumers),
+            _Job("purge", seconds(o.purge_interval, "purge_interval"), jobs.purge_pass),
+            _Job("flush", seconds(o.stats_flush_interval, "flush"), jobs.flush_stats),
+            _Job("prune", seconds(o.stats_prune_interval, "prune"), jobs.prune_stats),
+            _Job("consumers", self.context.consumer_heartbeat, jobs.forget_stale_consumers),
         ]
 
     def _counters_added(self) -> None:
@@ -445,8 +459,8 @@ class Runtime:
     def _flush_loop(self) -> None:
         """Flush every ``stats_flush_interval`` until nothing is left (or maintenance
         took over); the next counter starts the loop again."""
-        core = self.core
-        interval = seconds(core.options.stats_flush_interval, "stats_flush_interval")
+        stats = self.context.stats
+        interval = seconds(self.options.stats_flush_interval, "stats_flush_interval")
         errors = RetryDelay()
         wait = interval
         while not self._flusher_stop.wait(wait):
@@ -456,7 +470,7 @@ class Runtime:
                 continue
             wait = interval
             with self._flusher_lock:
-                if not core._stats or self.maintenance is not None:
+                if not stats or self.maintenance is not None:
                     self._flusher = None
                     return
 
@@ -469,7 +483,7 @@ class Runtime:
         that fail in between log at DEBUG only. The counts wait in memory.
         """
         try:
-            self.core.flush_stats()
+            self.jobs.flush_stats()
         except Exception as exc:
             self.log.log(
                 errors.level(),
@@ -497,10 +511,10 @@ class Runtime:
         self._flusher_stop.clear()
 
     def _reap_pass(self) -> int:
-        core = self.core
-        core._ready()
-        core._resample_clock()
-        return core.reap_leases()
+        context = self.context
+        context.ready()
+        context.resample_clock()
+        return self.jobs.reap_leases()
 
     def _maintenance_loop(self) -> None:
         jobs = self._maintenance_jobs()
@@ -546,9 +560,9 @@ class Runtime:
         deadline = time.monotonic() + timeout
         with self._lock:
             consumers = list(self.consumers)
-        stopping = [c for c in consumers if c._begin_shutdown()]
+        stopping = [c for c in consumers if begin_shutdown(c)]
         for consumer in stopping:
-            consumer._finish_shutdown(deadline)
+            finish_shutdown(consumer, deadline)
         with self._lock:
             self.consumers = [c for c in self.consumers if c.running]
             thread = self.maintenance
@@ -560,6 +574,6 @@ class Runtime:
                 self.log.warning("novaque maintenance did not stop within the timeout")
         self._stop_listener(timeout=max(1.0, deadline - time.monotonic()))
         self._stop_flusher(timeout=max(1.0, deadline - time.monotonic()))
-        self.core._close()
+        self.jobs.close()
         if thread is not None or stopping:
             self.log.info("novaque client shut down")

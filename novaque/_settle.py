@@ -38,13 +38,13 @@ class Settler(Protocol):
 
     def ack(self, msg: Message) -> None: ...
 
-    def _retry(self, msg: Message, delay_s: float, error: str | None) -> None: ...
+    def retry_after(self, msg: Message, delay_s: float, error: str | None) -> None: ...
 
     def reject(self, msg: Message, reason: str = "") -> None: ...
 
     def defer(self, msg: Message) -> None: ...
 
-    def _snooze(self, msg: Message, delay_s: float) -> None: ...
+    def snooze_after(self, msg: Message, delay_s: float) -> None: ...
 
 
 def outcome_of(
@@ -151,10 +151,10 @@ def write(client: Settler, outcome: Outcome) -> None:
     if outcome.kind == "ack":
         client.ack(msg)
     elif outcome.kind == "retry":
-        client._retry(msg, outcome.delay, outcome.text)
+        client.retry_after(msg, outcome.delay, outcome.text)
     elif outcome.kind == "defer":
         client.defer(msg)
     elif outcome.kind == "snooze":
-        client._snooze(msg, outcome.delay)
+        client.snooze_after(msg, outcome.delay)
     else:
         client.reject(msg, outcome.text or "")

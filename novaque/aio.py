@@ -52,11 +52,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from novaque import _validate, dialects
 from novaque._bridge import bridged
+from novaque._context import transaction_timeout
+from novaque._core import parts_of
 from novaque._executor import AsyncExecutor
 from novaque._signals import Signals
 from novaque._waits import TASKS
-from novaque.client import Client, pooled_options
-from novaque.consumer import Consumer
+from novaque.client import Client, pooled_options, runtime_of
+from novaque.consumer import Consumer, signals_of
 from novaque.errors import InvalidOption
 from novaque.models import Message
 from novaque.options import Backoff, Duration, Options
@@ -80,11 +82,11 @@ class _Core(Client):
     _executor_type = AsyncExecutor
     _waits = TASKS
 
-    def _new_executor(self, engine: sa.Engine) -> AsyncExecutor:
+    def _new_executor(self, engine: sa.Engine, dialect: dialects.Dialect) -> AsyncExecutor:
         return AsyncExecutor(
             engine,
-            self._dialect,
-            timeout=self._transaction_timeout(),
+            dialect,
+            timeout=transaction_timeout(self.options),
             sqlite_on_loop=self.options.sqlite_on_loop,
         )
 
@@ -244,7 +246,7 @@ class AsyncClient:
         """
         return AsyncConsumer(
             self,
-            self._core._runtime.new_consumer(
+            runtime_of(self._core).new_consumer(
                 topic,
                 channel,
                 handler,
@@ -392,7 +394,7 @@ class AsyncConsumer:
     async def start(self) -> AsyncConsumer:
         """Create the topic and the channel if missing, and start claiming and
         handling messages; returns the consumer (see :meth:`novaque.Consumer.start`)."""
-        await bridged(self._client._core._runtime.start_consumer, self._consumer)
+        await bridged(runtime_of(self._client._core).start_consumer, self._consumer)
         return self
 
     async def shutdown(self, timeout: float = 10.0) -> None:
@@ -448,7 +450,13 @@ class AsyncConsumer:
 
     @property
     def _signals(self) -> Signals:
-        return self._consumer._signals
+        return signals_of(self._consumer)
+
+
+def core_of(client: AsyncClient) -> Client:
+    """The sync client ``client`` runs inside the greenlet bridge (its calls
+    must run there too: :func:`novaque._bridge.bridged`)."""
+    return client._core
 
 
 def connect(url: str | sa.URL, *, pgbouncer: bool = False, **option_fields: Any) -> AsyncClient:
@@ -474,5 +482,5 @@ def connect(url: str | sa.URL, *, pgbouncer: bool = False, **option_fields: Any)
             "sqlite+aiosqlite:/// (novaque.connect with the others)"
         ) from None
     client = AsyncClient(AsyncEngine(sync_engine), options)
-    client._core._owns_engine = True  # closed by client.shutdown()
+    parts_of(client._core).context.owns_engine = True  # closed by client.shutdown()
     return client

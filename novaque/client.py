@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import functools
-import operator
-from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
 from novaque import dialects
-from novaque._core import CoreClient
+from novaque._core import CoreClient, forward, parts_of
 from novaque._operator_calls import Operations
 from novaque._runtime import Runtime
 from novaque.errors import InvalidOption
@@ -19,25 +16,7 @@ from novaque.options import Options
 
 __all__ = ["Client", "connect"]
 
-P = ParamSpec("P")
-T = TypeVar("T")
 _C = TypeVar("_C", bound="Client")
-
-
-def _forward(
-    part: str, method: Callable[Concatenate[Any, P], T]
-) -> Callable[Concatenate[Client, P], T]:
-    """The :class:`Client` method that forwards to ``method`` of the client's
-    part ``part`` (its operations or its runtime): the same parameters,
-    result, errors and documentation."""
-    get = operator.attrgetter(part)
-
-    def call(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return method(get(self), *args, **kwargs)
-
-    functools.update_wrapper(call, method)
-    call.__qualname__ = f"Client.{method.__name__}"
-    return call
 
 
 class Client(CoreClient):
@@ -57,16 +36,16 @@ class Client(CoreClient):
         super().__init__(engine, options)
         #: The operator's calls (counters, backlog, dead letters, browsing,
         #: replay, prune), forwarded to below.
-        self._operations = Operations(self)
+        self._operations = Operations(self._context, self._maintenance)
         #: Consumers, the maintenance loop and wake-ups, forwarded to below.
-        self._runtime = Runtime(self)
+        self._runtime = Runtime(parts_of(self))
 
     # -- the runtime (novaque._runtime) ---------------------------------------------------
 
-    subscribe = _forward("_runtime", Runtime.subscribe)
-    subscribe_and_start = _forward("_runtime", Runtime.subscribe_and_start)
-    start = _forward("_runtime", Runtime.start)
-    shutdown = _forward("_runtime", Runtime.shutdown)
+    subscribe = forward("_runtime", Runtime.subscribe)
+    subscribe_and_start = forward("_runtime", Runtime.subscribe_and_start)
+    start = forward("_runtime", Runtime.start)
+    shutdown = forward("_runtime", Runtime.shutdown)
 
     def __enter__(self: _C) -> _C:
         """``with client:`` starts maintenance and shuts everything down at the end."""
@@ -83,23 +62,23 @@ class Client(CoreClient):
 
     # -- the operator's calls (novaque._operator_calls) -------------------------------------
 
-    channel_counters = _forward("_operations", Operations.channel_counters)
-    topic_counters = _forward("_operations", Operations.topic_counters)
-    daily_counters = _forward("_operations", Operations.daily_counters)
-    minute_counters = _forward("_operations", Operations.minute_counters)
-    list_consumers = _forward("_operations", Operations.list_consumers)
-    channel_backlog = _forward("_operations", Operations.channel_backlog)
-    topic_backlog = _forward("_operations", Operations.topic_backlog)
-    list_dead = _forward("_operations", Operations.list_dead)
-    requeue_dead = _forward("_operations", Operations.requeue_dead)
-    delete_dead = _forward("_operations", Operations.delete_dead)
-    enforce_dead_retention = _forward("_operations", Operations.enforce_dead_retention)
-    get_message = _forward("_operations", Operations.get_message)
-    list_messages = _forward("_operations", Operations.list_messages)
-    cancel = _forward("_operations", Operations.cancel)
-    replay = _forward("_operations", Operations.replay)
-    replay_range = _forward("_operations", Operations.replay_range)
-    prune = _forward("_operations", Operations.prune)
+    channel_counters = forward("_operations", Operations.channel_counters)
+    topic_counters = forward("_operations", Operations.topic_counters)
+    daily_counters = forward("_operations", Operations.daily_counters)
+    minute_counters = forward("_operations", Operations.minute_counters)
+    list_consumers = forward("_operations", Operations.list_consumers)
+    channel_backlog = forward("_operations", Operations.channel_backlog)
+    topic_backlog = forward("_operations", Operations.topic_backlog)
+    list_dead = forward("_operations", Operations.list_dead)
+    requeue_dead = forward("_operations", Operations.requeue_dead)
+    delete_dead = forward("_operations", Operations.delete_dead)
+    enforce_dead_retention = forward("_operations", Operations.enforce_dead_retention)
+    get_message = forward("_operations", Operations.get_message)
+    list_messages = forward("_operations", Operations.list_messages)
+    cancel = forward("_operations", Operations.cancel)
+    replay = forward("_operations", Operations.replay)
+    replay_range = forward("_operations", Operations.replay_range)
+    prune = forward("_operations", Operations.prune)
 
     # -- accessors ----------------------------------------------------------------------
 
@@ -112,7 +91,7 @@ class Client(CoreClient):
         the write lock up front. :meth:`shutdown` disposes of that second
         engine; tools that only read may use it or ``engine``.
         """
-        return self._executor.engine
+        return self._context.executor.engine
 
     @property
     def database_family(self) -> str:
@@ -120,7 +99,7 @@ class Client(CoreClient):
 
         ``"PostgreSQL"``, ``"MySQL"`` (MySQL and MariaDB) or ``"SQLite"``.
         """
-        return self._dialect.name
+        return self._context.dialect.name
 
     def claim_statement(self) -> sa.ClauseElement:
         """The statement behind :meth:`claim` on this database, for :meth:`explain`.
@@ -129,7 +108,7 @@ class Client(CoreClient):
         (epoch microseconds: the time now and the lease's end), ``p_limit``,
         ``p_token`` (a lease token, 32 characters).
         """
-        return self._dialect.claim_statement()
+        return self._context.dialect.claim_statement()
 
     def explain(
         self, statement: sa.ClauseElement, params: dict[str, Any], *, analyze: bool = False
@@ -146,9 +125,19 @@ class Client(CoreClient):
         """
         with self.engine.connect() as conn:
             try:
-                return self._dialect.explain(conn, statement, params, analyze=analyze)
+                return self._context.dialect.explain(conn, statement, params, analyze=analyze)
             finally:
                 conn.rollback()
+
+
+def runtime_of(client: Client) -> Runtime:
+    """The runtime of ``client`` (its consumers, maintenance loop and wake-ups)."""
+    return client._runtime
+
+
+def operations_of(client: Client) -> Operations:
+    """The operator's calls of ``client``."""
+    return client._operations
 
 
 def connect(url: str | sa.URL, *, pgbouncer: bool = False, **option_fields: Any) -> Client:
@@ -181,7 +170,7 @@ def connect(url: str | sa.URL, *, pgbouncer: bool = False, **option_fields: Any)
             "mysql+pymysql://, sqlite:///) here"
         )
     client = Client(engine, options)
-    client._owns_engine = True  # closed by client.shutdown()
+    client._context.owns_engine = True  # closed by client.shutdown()
     return client
 
 

@@ -53,7 +53,8 @@ Handler = Callable[[Message], object]
 
 
 class ConsumerHost(Protocol):
-    """What a consumer needs of its client: the one narrow door it goes through.
+    """What a consumer needs of its client: the one narrow door it goes through
+    (the client's :class:`~novaque._consuming.Consuming` part).
 
     Claiming (with the acks that ride along), settling, renewing, releasing
     unstarted deliveries, and the clock.
@@ -61,13 +62,13 @@ class ConsumerHost(Protocol):
 
     log: logging.Logger
     #: Threads or tasks: how the consumer runs its loops and waits.
-    _waits: Waits
+    waits: Waits
 
-    def _now(self) -> int: ...
+    def now(self) -> int: ...
 
-    def _channel_id(self, topic: str, channel: str) -> int: ...
+    def channel_id(self, topic: str, channel: str) -> int: ...
 
-    def _ack_and_claim(
+    def ack_and_claim(
         self,
         acks: list[Message],
         topic: str,
@@ -82,17 +83,17 @@ class ConsumerHost(Protocol):
 
     def ack_many(self, msgs: list[Message]) -> list[Message]: ...
 
-    def _retry(self, msg: Message, delay_s: float, error: str | None) -> None: ...
+    def retry_after(self, msg: Message, delay_s: float, error: str | None) -> None: ...
 
     def reject(self, msg: Message, reason: str = "") -> None: ...
 
     def defer(self, msg: Message) -> None: ...
 
-    def _snooze(self, msg: Message, delay_s: float) -> None: ...
+    def snooze_after(self, msg: Message, delay_s: float) -> None: ...
 
     def renew(self, msg: Message, *, lease: float | None = None) -> datetime: ...
 
-    def _release(self, msgs: list[Message]) -> int: ...
+    def release(self, msgs: list[Message]) -> int: ...
 
 
 class ConsumerRuntime(Protocol):
@@ -219,7 +220,7 @@ class Consumer:
         self._client = client
         self._runtime = runtime
         self._log = client.log
-        waits = self._waits = client._waits
+        waits = self._waits = client.waits
         # Held only between two waits, never across one (a task must not hold
         # it while the event loop runs the others).
         self._lock = threading.Lock()
@@ -395,8 +396,8 @@ class Consumer:
             try:
                 # Cached by the client, and looked up again after empty claims
                 # (a channel deleted and created again has a new id).
-                channel_id = self._client._channel_id(self.topic, self.channel)
-                lost, got = self._client._ack_and_claim(
+                channel_id = self._client.channel_id(self.topic, self.channel)
+                lost, got = self._client.ack_and_claim(
                     [o.msg for o in acks],
                     self.topic,
                     self.channel,
@@ -436,7 +437,7 @@ class Consumer:
         if not msgs:
             return
         try:
-            self._client._release(msgs)
+            self._client.release(msgs)
             self._signals.bump("released", len(msgs))
             self._log.debug(
                 "released %d unstarted deliveries of %s/%s", len(msgs), self.topic, self.channel
@@ -732,7 +733,7 @@ class Consumer:
         errors = RetryDelay()
         while not self._stop_heartbeat.wait(self._heartbeat_tick()):
             try:
-                now = self._client._now()
+                now = self._client.now()
             except Exception as exc:  # a user clock that fails
                 self._log_failure(errors, "reading the clock", exc)
                 errors.next()
@@ -787,3 +788,30 @@ def _short(exc: BaseException) -> str:
     text = _validate.error_text(exc) or type(exc).__name__
     first = text.splitlines()[0] if text else text
     return first[:300]
+
+
+# -- the runtime's door to a consumer (and the asyncio twin's) ----------------------------
+
+
+def waker_of(consumer: Consumer) -> Callable[[], None]:
+    """What wakes ``consumer``'s claim loop (a publish, NOTIFY, the change watcher)."""
+    return consumer._wake_up
+
+
+def begin_shutdown(consumer: Consumer) -> bool:
+    """Stop ``consumer`` claiming (returns at once); False if there is nothing to
+    stop. :func:`finish_shutdown` then waits for the rest, so that a client stops
+    its consumers together."""
+    return consumer._begin_shutdown()
+
+
+def finish_shutdown(consumer: Consumer, deadline: float) -> None:
+    """The rest of ``consumer``'s shutdown after :func:`begin_shutdown`, by
+    ``deadline`` (``time.monotonic()``)."""
+    consumer._finish_shutdown(deadline)
+
+
+def signals_of(consumer: Consumer) -> Signals:
+    """What ``consumer`` did so far (claim passes, handlers started, acks): tests
+    wait on these instead of sleeping."""
+    return consumer._signals

@@ -79,8 +79,8 @@ import sqlalchemy as sa
 from kombu.transport import TRANSPORT_ALIASES, virtual
 
 import novaque
+from novaque._core import parts_of
 from novaque.errors import ChannelNotFound, LeaseLost, TopicNotFound
-from novaque.ops import topology
 
 __all__ = ["Channel", "QoS", "Transport", "channel_name", "shutdown_clients", "topic_names"]
 
@@ -653,7 +653,7 @@ class Transport(virtual.Transport):
         read = self._topology.get(prefix)
         if read is not None and 0 <= now - read[0] < self.topics_ttl:
             return read[1]
-        made = _Topology(client._run_op("", topology.channels_under, f"{prefix}::"))
+        made = _Topology(parts_of(client).topology.channels_under(f"{prefix}::"))
         self._topology[prefix] = (now, made)
         return made
 

@@ -37,8 +37,12 @@ ASYNC_DRIVERS = {
 }
 #: How long a call waits for the loop (a test's own deadline is usually shorter).
 CALL_TIMEOUT_S = 120.0
-#: Private methods that do no I/O: called directly, not through the bridge.
-_PLAIN = frozenset({"_now", "_counters_added", "_add_waker", "_remove_waker", "_wake"})
+#: The parts of the twin's client that tests reach (see :class:`_Part`).
+_PARTS = frozenset(
+    {"_context", "_publishing", "_topology", "_consuming", "_maintenance", "_runtime"}
+)
+#: Methods of the parts that do no I/O: called directly, not through the bridge.
+_PLAIN = frozenset({"now", "counters_added", "add_waker", "remove_waker", "wake"})
 
 
 def async_url(backend_name: str, url: str) -> sa.URL:
@@ -81,10 +85,10 @@ class SyncTwin:
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
-            found = getattr(self.aio._core, name)
-            if name == "_runtime":
+            found = getattr(novaque.aio.core_of(self.aio), name)
+            if name in _PARTS:
                 return _Part(found, self._bridge)
-            if inspect.ismethod(found) and name not in _PLAIN:
+            if inspect.ismethod(found):
                 return self._bridge(found)
             return found
         found = getattr(self.aio, name)
@@ -134,8 +138,10 @@ class SyncTwin:
 
 
 class _Part:
-    """A part of the twin's client (its runtime) as tests see it: attributes as
-    they are, methods run inside the greenlet bridge on the loop."""
+    """A part of the twin's client (its context, publishing, topology,
+    consuming, maintenance, runtime) as tests see it: attributes as they are,
+    methods run inside the greenlet bridge on the loop (but those that do no
+    I/O, :data:`_PLAIN`)."""
 
     def __init__(self, part: object, bridge: Callable[[Callable[..., Any]], Callable[..., Any]]):
         self._part = part
@@ -143,7 +149,9 @@ class _Part:
 
     def __getattr__(self, name: str) -> Any:
         found = getattr(self._part, name)
-        return self._bridge(found) if inspect.ismethod(found) else found
+        if inspect.ismethod(found) and name not in _PLAIN:
+            return self._bridge(found)
+        return found
 
 
 class TwinConsumer:

@@ -155,8 +155,8 @@ class Backend:
             if shutdown is not None:
                 shutdown(timeout=10)
             _core._unflushed.discard(made)
-            if made._executor.engine is not made.engine:
-                made._executor.engine.dispose()
+            if made._context.executor.engine is not made.engine:
+                made._context.executor.engine.dispose()
         for engine in self.engines:
             engine.dispose()
         self.clients.clear()
@@ -195,7 +195,7 @@ class Backend:
         # The suite is over: counters still buffered in clients of its
         # databases are not flushed at exit to databases dropped by then.
         for made in list(_core._unflushed):
-            made._stats.take()
+            made._context.stats.take()
         for drop in self._scratch:
             drop()
 
@@ -389,7 +389,7 @@ def client(request: pytest.FixtureRequest, backend: Backend, clock: FakeClock) -
     if "way" in request.fixturenames:
         # The executor's own switch: "core" runs every operation through
         # SQLAlchemy Core, as an engine with cursor events does.
-        made._executor.use_driver = request.getfixturevalue("way") == "driver"
+        made._context.executor.use_driver = request.getfixturevalue("way") == "driver"
     return made
 
 

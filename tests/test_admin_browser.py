@@ -58,7 +58,7 @@ def served(tmp_path: Path) -> Iterator[tuple[novaque.Client, BackgroundServer]]:
         yield client, server
     finally:
         server.stop()
-        client._executor.engine.dispose()
+        client._context.executor.engine.dispose()
 
 
 @pytest.fixture

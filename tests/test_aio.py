@@ -197,7 +197,7 @@ def test_shutdown_releases_claimed_unstarted_deliveries_without_counting_them(
         await client.publish_many("t", [b"a", b"b", b"c"])
         consumer = client.subscribe("t", "c", handler, max_in_flight=3, poll_interval=0.02)
         core, inner = client._core, consumer._consumer
-        real_claim = core._claim
+        real_claim = core._consuming.claim_batch
         claimed = asyncio.Event()
 
         def claim_then_see_shutdown(*args: Any) -> list[novaque.Message]:
@@ -209,7 +209,7 @@ def test_shutdown_releases_claimed_unstarted_deliveries_without_counting_them(
                 assert inner._stop_claiming.wait(WAIT)
             return got
 
-        monkeypatch.setattr(core, "_claim", claim_then_see_shutdown)
+        monkeypatch.setattr(core._consuming, "claim_batch", claim_then_see_shutdown)
         await consumer.start()
         await asyncio.wait_for(claimed.wait(), WAIT)
         await consumer.shutdown()

@@ -173,14 +173,14 @@ def test_the_clients_are_on_the_engine_asked_for(engine: str) -> None:
         sizes = Sizes(engine=engine)
         client = workloads.make_client(db, sizes, start=False)
         try:
-            assert client._owns_engine is (engine == "connect")
+            assert client._context.owns_engine is (engine == "connect")
             if engine == "plain":  # connect() sizes SQLite's pool its own way
                 assert client.engine.pool.size() == sizes.max_in_flight + 4  # type: ignore[attr-defined]
         finally:
             close_client(client)
         twin = asyncio.run(workloads._aio_connect(db, sizes, start=False))
         try:
-            assert twin._core._owns_engine is (engine == "connect")
+            assert twin._core._context.owns_engine is (engine == "connect")
             assert twin.engine.url.drivername == "sqlite+aiosqlite"
         finally:
             asyncio.run(workloads._aio_close(twin))

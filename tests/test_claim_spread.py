@@ -43,7 +43,7 @@ def spread(
     ids of the deliveries due, oldest first (all published at one time)."""
     client.ensure_channel("t", "c")
     client.publish_many("t", [f"m{i}".encode() for i in range(60)])
-    client._dialect.slices = SLICES  # type: ignore[attr-defined]  # as on a cluster
+    client._context.dialect.slices = SLICES  # type: ignore[attr-defined]  # as on a cluster
 
     def choose(slice_: int) -> list[int]:
         monkeypatch.setattr(
@@ -129,4 +129,4 @@ def test_a_lone_server_claims_the_oldest_due_first(
     ids = client.publish_many("t", [f"m{i}".encode() for i in range(40)])
     assert [m.id for m in client.claim("t", "c", max_messages=3)] == ids[:3]
     assert [m.id for m in client.claim("t", "c", attempt_id="a1")] == ids[3:4]
-    assert getattr(client._dialect, "slices", 0) == 0
+    assert getattr(client._context.dialect, "slices", 0) == 0

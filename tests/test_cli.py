@@ -143,7 +143,7 @@ def test_publish_body_and_stdin(db: Path) -> None:
             (b"from stdin\n", {}),
         ]
     finally:
-        client._executor.engine.dispose()
+        client._context.executor.engine.dispose()
 
 
 def test_bad_input_is_one_line(db: Path, tmp_path: Path) -> None:
@@ -322,7 +322,7 @@ def test_dead_list_requeue_delete(db: Path) -> None:
             ids.append(msg.delivery_id)
         client.flush_stats()
     finally:
-        client._executor.engine.dispose()
+        client._context.executor.engine.dispose()
     listing = ok(run("dead", "list", "orders", "billing", "--body", cwd=db)).splitlines()
     assert listing[0].split() == [  # DeadLetter's fields (the body: a preview of it)
         "DELIVERY_ID",
@@ -366,7 +366,7 @@ def dead_letters(db: Path, count: int) -> list[int]:
         client.flush_stats()
         return ids
     finally:
-        client._executor.engine.dispose()
+        client._context.executor.engine.dispose()
 
 
 def test_dead_redrive_with_limit_died_before_and_rate(db: Path) -> None:
@@ -545,7 +545,7 @@ def test_demo_stops_on_ctrl_c(tmp_path: Path) -> None:
     try:
         assert client.list_channels("orders") == ["billing", "shipping"]
     finally:
-        client._executor.engine.dispose()
+        client._context.executor.engine.dispose()
 
 
 def test_admin_serves_until_interrupted(db: Path) -> None:

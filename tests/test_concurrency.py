@@ -160,4 +160,4 @@ def test_the_applications_sqlite_engine_is_left_as_it_was(tmp_path: Path) -> Non
         assert dbapi is not None
         assert dbapi.isolation_level == ""  # the sqlite3 module's default, untouched
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 0
-    assert client._executor.engine is not engine
+    assert client._context.executor.engine is not engine

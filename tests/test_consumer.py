@@ -273,13 +273,13 @@ def test_a_lost_lease_makes_the_late_ack_a_no_op_and_the_message_comes_back(
     # A long pause of the process (GC, swap) stops the heartbeat too: here it
     # blocks in renew until the test is done.
     unpaused = threading.Event()
-    real_renew = client.renew
+    real_renew = client._consuming.renew
 
     def paused_renew(msg: novaque.Message, **kw: Any) -> Any:
         unpaused.wait(WAIT)
         return real_renew(msg, **kw)
 
-    monkeypatch.setattr(client, "renew", paused_renew)
+    monkeypatch.setattr(client._consuming, "renew", paused_renew)
     first_may_finish = threading.Event()
 
     def behaviour(msg: novaque.Message) -> None:
@@ -313,7 +313,7 @@ def test_a_lost_lease_makes_the_late_ack_a_no_op_and_the_message_comes_back(
 def test_shutdown_releases_claimed_unstarted_deliveries_without_counting_the_attempt(
     backend: Backend, client: novaque.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_claim = client._claim
+    real_claim = client._consuming.claim_batch
     claimed = threading.Event()
 
     def claim_then_see_shutdown(*args: Any) -> list[novaque.Message]:
@@ -324,7 +324,7 @@ def test_shutdown_releases_claimed_unstarted_deliveries_without_counting_the_att
             assert consumer._stop_claiming.wait(WAIT)
         return got
 
-    monkeypatch.setattr(client, "_claim", claim_then_see_shutdown)
+    monkeypatch.setattr(client._consuming, "claim_batch", claim_then_see_shutdown)
     client.ensure_channel("t", "c")
     client.publish_many("t", [b"a", b"b", b"c"])
     handler = Recorder()
@@ -402,7 +402,7 @@ def test_a_publish_in_the_same_process_wakes_an_idle_consumer(client: novaque.Cl
 @pytest.mark.parametrize("backend", ["postgres"], indirect=True)  # the server that pushes
 def test_notify_wakes_an_idle_consumer_of_another_client(backend: Backend) -> None:
     consumer_side = backend.client()
-    assert consumer_side._dialect.supports_notify
+    assert consumer_side._context.dialect.supports_notify
     producer_side = backend.client()  # its own engine: no local wake-up
     handler = Recorder()
     consumer = consumer_side.subscribe_and_start("t", "c", handler, poll_interval=3600)
@@ -419,7 +419,7 @@ def test_notify_wakes_an_idle_consumer_of_another_client(backend: Backend) -> No
 @pytest.mark.parametrize("backend", ["postgres"], indirect=True)  # the server that pushes
 def test_the_listener_reconnects_when_its_connection_is_killed(backend: Backend) -> None:
     consumer_side = backend.client()
-    assert consumer_side._dialect.supports_notify
+    assert consumer_side._context.dialect.supports_notify
     producer_side = backend.client()
     handler = Recorder()
     consumer = consumer_side.subscribe_and_start("t", "c", handler, poll_interval=3600)

@@ -352,3 +352,26 @@ def test_no_internal_text_reaches_users() -> None:
                 if INTERNAL.search(line):
                     found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert found == []
+
+
+def test_architecture_names_every_module() -> None:
+    """docs/architecture.md names every module of the package, by its dotted
+    name (``novaque.ops.publish``) or its path (``ops/publish.py``, or for a
+    package's ``__init__.py`` the package's folder, ``ops/``)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    package = ROOT / "novaque"
+    missing = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package).as_posix()
+        parts = rel[: -len(".py")].split("/")
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+            names = [f"{'/'.join(parts)}/" if parts else "novaque/__init__.py", rel]
+        else:
+            names = [rel, f"novaque/{rel}"]
+        names.append(".".join(["novaque", *parts]))
+        if not any(
+            re.search(rf"(?<![\w/.]){re.escape(name)}(?![\w]|\.\w)", text) for name in names
+        ):
+            missing.append(rel)
+    assert missing == []

@@ -65,7 +65,7 @@ def test_concurrent_tasks_share_the_work_through_the_async_executor(
 ) -> None:
     client.ensure_channel("t", "c")
     ids = client.publish_many("t", [b"%d" % i for i in range(60)])
-    now = client._now()
+    now = client._context.now()
 
     async def main() -> list[int]:
         engine = create_async_engine(_async_url(backend))
@@ -207,7 +207,7 @@ def test_sqlite_turn_held_by_a_thread_of_the_process_sends_the_transaction_to_a_
     taken, done = threading.Event(), threading.Event()
 
     def hold_the_turn() -> None:
-        with _executor._write_lock(client._executor.engine):
+        with _executor._write_lock(client._context.executor.engine):
             taken.set()
             done.wait(30)
 
@@ -249,7 +249,7 @@ def test_sqlite_on_loop_off_runs_every_transaction_on_one_thread_of_the_clients(
 
     async def main() -> None:
         aio = novaque.aio.connect(backend.url, sqlite_on_loop=False)
-        executor = aio._core._executor
+        executor = aio._core._context.executor
         try:
             ticks = 0
 

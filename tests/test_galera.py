@@ -439,6 +439,6 @@ def test_claims_are_spread_on_every_node(channel: Cluster) -> None:
         client = novaque.connect(url)
         try:
             client.list_topics()
-            assert getattr(client._dialect, "slices", 0) == mysql.CLAIM_SLICES, url
+            assert getattr(client._context.dialect, "slices", 0) == mysql.CLAIM_SLICES, url
         finally:
             client.shutdown()

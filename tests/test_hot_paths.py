@@ -31,7 +31,7 @@ DRIVEN = {
 def watch_links(client: novaque.Client, monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     """How often each hot method of the client's dialect was handed a Driver."""
     driven: Counter[str] = Counter()
-    dialect = client._dialect
+    dialect = client._context.dialect
     for name in ("publish_plain", "claim", "ack_and_claim"):
         method: Callable[..., Any] = getattr(dialect, name)
 
@@ -61,11 +61,11 @@ def test_publish_claim_and_ack_and_claim_agree_both_ways(
         (b"m1", {"n": "1"}, 1),
     ]
     channel_id = first[0].channel_id
-    lost, second = client._ack_and_claim(first, "t", "a", channel_id, 10, 30.0)
+    lost, second = client._consuming.ack_and_claim(first, "t", "a", channel_id, 10, 30.0)
     assert lost == []
     assert [m.id for m in second] == ids[2:]
     assert all(m.lease_token == second[0].lease_token for m in second)
-    lost, third = client._ack_and_claim(second, "t", "a", channel_id, 10, 30.0)
+    lost, third = client._consuming.ack_and_claim(second, "t", "a", channel_id, 10, 30.0)
     assert (lost, third) == ([], [])
     # The other channel's deliveries, with its own max_attempts, untouched.
     other = client.claim("t", "b", max_messages=10)
@@ -86,9 +86,9 @@ def test_an_ordered_ack_and_claim_moves_groups_on_both_ways(
     driven = watch_links(client, monkeypatch)
     heads = client.claim("o", "c", max_messages=10)
     assert [(m.body, m.group) for m in heads] == [(b"a0", "a"), (b"b0", "b")]
-    lost, nexts = client._ack_and_claim(heads, "o", "c", heads[0].channel_id, 10, 30.0)
+    lost, nexts = client._consuming.ack_and_claim(heads, "o", "c", heads[0].channel_id, 10, 30.0)
     assert (lost, [m.body for m in nexts]) == ([], [b"a1", b"b1"])
-    lost, none = client._ack_and_claim(nexts, "o", "c", heads[0].channel_id, 10, 30.0)
+    lost, none = client._consuming.ack_and_claim(nexts, "o", "c", heads[0].channel_id, 10, 30.0)
     assert (lost, none) == ([], [])
     # Ordered acks go the driver's way where the dialect pipelines them
     # (PostgreSQL); elsewhere the groups move on in SQLAlchemy's transaction.

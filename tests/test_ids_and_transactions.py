@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import novaque
-from novaque import _core
+from novaque import _context, _topology
 from novaque.schema import deliveries, messages
 from novaque.testing import FakeClock
 from tests.conftest import Backend
@@ -44,7 +44,7 @@ def _wait_for(predicate: object, timeout: float = 20.0) -> bool:
 def test_a_running_consumer_never_handles_another_topics_message(
     backend: Backend, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_core, "CHANNEL_CACHE_S", 0.0)
+    monkeypatch.setattr(_topology, "CHANNEL_CACHE_S", 0.0)
     consumer_client = backend.client(clock=clock, poll_interval=0.02)
     admin = backend.client(clock=clock)
     seen: list[tuple[str, str, bytes]] = []
@@ -81,7 +81,7 @@ def test_a_publisher_with_a_cached_topic_id_never_reaches_another_topic(
 def test_a_deleted_and_recreated_channel_is_consumed_again(
     backend: Backend, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_core, "CHANNEL_CACHE_S", 0.0)
+    monkeypatch.setattr(_topology, "CHANNEL_CACHE_S", 0.0)
     consumer_client = backend.client(clock=clock, poll_interval=0.02)
     admin = backend.client(clock=clock)
     seen: list[bytes] = []
@@ -420,7 +420,7 @@ def test_counters_of_a_started_client_reach_the_database_at_exit(backend: Backen
 def test_a_publish_to_a_topic_without_channels_warns_once_per_topic(
     client: novaque.Client, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_core, "_warned_no_channel", set())
+    monkeypatch.setattr(_context, "_warned_no_channel", set())
     with caplog.at_level(logging.WARNING, logger="novaque"):
         client.publish("lonely", b"1")
         client.publish_many("lonely", [b"2", b"3"])
@@ -438,7 +438,7 @@ def test_a_publish_to_a_topic_without_channels_warns_once_per_topic(
 def test_no_warning_for_a_repeated_dedup_key(
     client: novaque.Client, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_core, "_warned_no_channel", set())
+    monkeypatch.setattr(_context, "_warned_no_channel", set())
     client.ensure_channel("t", "c")
     client.publish("t", b"1", dedup_key="k")
     with caplog.at_level(logging.WARNING, logger="novaque"):

@@ -46,7 +46,7 @@ def load(client: novaque.Client, now: int) -> int:
     for i in range(CHANNELS):
         client.ensure_channel("plans", f"c{i}")
     ids = client.publish_many("plans", [b"x"] * MESSAGES)
-    with client._executor.engine.begin() as conn:
+    with client._context.executor.engine.begin() as conn:
         channel_ids = [
             int(r[0]) for r in conn.execute(sa.select(deliveries.c.channel_id).distinct())
         ]
@@ -80,7 +80,7 @@ def load(client: novaque.Client, now: int) -> int:
 
 def analyze(client: novaque.Client) -> None:
     """Gather planner statistics (and, on PostgreSQL, the visibility map)."""
-    engine = client._executor.engine
+    engine = client._context.executor.engine
     name = engine.dialect.name
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         if name == "postgresql":
@@ -93,8 +93,8 @@ def analyze(client: novaque.Client) -> None:
 
 
 def plan_of(client: novaque.Client, stmt: sa.Executable, params: dict[str, Any]) -> str:
-    with client._executor.engine.connect() as conn:
-        return client._dialect.explain(conn, stmt, params)
+    with client._context.executor.engine.connect() as conn:
+        return client._context.dialect.explain(conn, stmt, params)
 
 
 def claim_params(channel_id: int, now: int) -> dict[str, Any]:
@@ -123,14 +123,14 @@ def check_claim(client: novaque.Client, channel_id: int, now: int) -> None:
     0007), whose plan EXPLAIN does not show: there the pick must run on few
     buffers (a batch of the index and its rows, not the backlog's pages).
     """
-    plan = plan_of(client, client._dialect.claim_statement(), claim_params(channel_id, now))
-    if client._executor.engine.dialect.name != "postgresql":
+    plan = plan_of(client, client._context.dialect.claim_statement(), claim_params(channel_id, now))
+    if client._context.executor.engine.dialect.name != "postgresql":
         check(plan, "ix_novaque_deliveries_claim")
         return
     check(plan, "novaque_claim_pick")
     pick = "novaque_claim_pick(:c, :now, 10, CAST('{}' AS BIGINT[]))"
     args = {"c": channel_id, "now": now}
-    with client._executor.engine.connect() as conn:
+    with client._context.executor.engine.connect() as conn:
         conn.execute(sa.text(f"SELECT count(*) FROM {pick}"), args)  # compiles the function
         conn.rollback()
         rows = conn.execute(sa.text(f"EXPLAIN (ANALYZE, BUFFERS) SELECT * FROM {pick}"), args)
@@ -194,7 +194,7 @@ def test_group_fifo_claim_and_next_of_group_use_their_index(
     groups = [f"g{n % 100}" for n in range(2100)]
     client.publish_many("ordered", [b"x"] * len(groups), groups=groups)
     analyze(client)
-    with client._executor.engine.connect() as conn:
+    with client._context.executor.engine.connect() as conn:
         channel_id = int(
             conn.execute(sa.text("SELECT id FROM novaque_channels WHERE name = 'c1'")).scalar_one()
         )
@@ -237,7 +237,7 @@ def test_a_groups_next_delivery_is_found_on_its_index_whatever_the_statistics(
     analyze(client)
     keys = [f"g{n % 400}" for n in range(8000)]
     client.publish_many("stale", [b"x" * 200] * len(keys), groups=keys)
-    channel_id = client._channel_id("stale", "c")
+    channel_id = client._topology.channel_id("stale", "c")
     for stmt in (_groups._nexts, _groups._next_as_head):
         plan = plan_of(client, stmt, {"p_channel": channel_id, "p_keys": ["g7", "g8"]})
         check(plan, "ix_novaque_deliveries_group")
@@ -288,7 +288,7 @@ def test_claim_reads_a_batch_whatever_the_statistics(
     client.ensure_channel("stats", "d")
     analyze(client)
     ids = client.publish_many("stats", [b"x" * 200] * 8000)
-    with client._executor.engine.connect() as conn:
+    with client._context.executor.engine.connect() as conn:
         channel_id = int(
             conn.execute(sa.text("SELECT id FROM novaque_channels WHERE name = 'c'")).scalar_one()
         )

@@ -31,7 +31,7 @@ LEASE_US = 30 * US
 def db(client: novaque.Client) -> tuple[sa.Engine, dialects.Dialect, int]:
     """novaque's engine, the dialect and a fixed time, with the schema checked."""
     client.list_topics()
-    return client.own_engine, client._dialect, client._now()
+    return client.own_engine, client._context.dialect, client._context.now()
 
 
 def counts(effects: Effects) -> dict[tuple[str, int], int]:

@@ -274,16 +274,16 @@ def test_an_ordered_ack_and_claim_hands_out_the_next_deliveries_of_the_groups_it
     if watched:
         sa.event.listen(client.engine, "before_cursor_execute", watch)
     try:
-        assert client._executor.drives("ack_ordered_claim") is (
+        assert client._context.executor.drives("ack_ordered_claim") is (
             backend.name == "postgres" and not watched
         )
         client.ensure_channel("t", "c", ordering="group_fifo")
         client.publish_many("t", [b"a0", b"a1", b"b0", b"b1"], groups=["a", "a", "b", "b"])
         heads = client.claim("t", "c", max_messages=10)
         assert [m.body for m in heads] == [b"a0", b"b0"]
-        lost, got = client._ack_and_claim(heads, "t", "c", heads[0].channel_id, 10, 30.0)
+        lost, got = client._consuming.ack_and_claim(heads, "t", "c", heads[0].channel_id, 10, 30.0)
         assert (lost, [m.body for m in got]) == ([], [b"a1", b"b1"])
-        lost, got = client._ack_and_claim(got, "t", "c", heads[0].channel_id, 10, 30.0)
+        lost, got = client._consuming.ack_and_claim(got, "t", "c", heads[0].channel_id, 10, 30.0)
         assert (lost, got) == ([], [])
     finally:
         if watched:
@@ -300,9 +300,9 @@ def test_a_claim_that_fails_undoes_the_ordered_ack_pipelined_with_it(
     client.publish_many("t", [b"a0", b"a1"], groups=["a", "a"])
     [head] = client.claim("t", "c", max_messages=10)
     failing = "SELECT 1 / (%(p_limit)s - %(p_limit)s)"
-    monkeypatch.setattr(type(client._dialect), "_ack_and_claim_driver", failing)
+    monkeypatch.setattr(type(client._context.dialect), "_ack_and_claim_driver", failing)
     with pytest.raises(sa.exc.DBAPIError, match="division by zero"):
-        client._ack_and_claim([head], "t", "c", head.channel_id, 10, 30.0)
+        client._consuming.ack_and_claim([head], "t", "c", head.channel_id, 10, 30.0)
     monkeypatch.undo()
     assert client.ack_many([head]) == []  # still leased: the ack was undone
     assert claim_bodies(client) == [b"a1"]

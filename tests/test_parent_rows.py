@@ -72,8 +72,8 @@ def test_a_publish_waiting_for_delete_channel_writes_nothing_to_the_deleted_chan
     key = "late-1" if with_key else None
 
     def delete(conn: sa.Connection) -> None:
-        client._dialect.begin_transaction(conn)
-        topology.delete_channel(conn, client._dialect, "race-c", "gone")
+        client._context.dialect.begin_transaction(conn)
+        topology.delete_channel(conn, client._context.dialect, "race-c", "gone")
 
     [message_id] = race(backend, delete, lambda: client.publish("race-c", b"late", dedup_key=key))
     assert isinstance(message_id, int)
@@ -91,8 +91,8 @@ def test_a_publish_waiting_for_delete_topic_lands_in_the_topic_created_again(
     client.publish("race-t", b"warm")  # the topic id is cached
 
     def delete(conn: sa.Connection) -> None:
-        client._dialect.begin_transaction(conn)
-        topology.delete_topic(conn, client._dialect, "race-t")
+        client._context.dialect.begin_transaction(conn)
+        topology.delete_topic(conn, client._context.dialect, "race-t")
 
     [message_id] = race(backend, delete, lambda: client.publish("race-t", b"late"))
     assert isinstance(message_id, int)
@@ -148,8 +148,8 @@ def test_dead_letters_moved_to_a_channel_being_deleted_leave_no_orphan(
     if first == "delete":
 
         def delete(conn: sa.Connection) -> None:
-            client._dialect.begin_transaction(conn)
-            topology.delete_channel(conn, client._dialect, "race-r", "target")
+            client._context.dialect.begin_transaction(conn)
+            topology.delete_channel(conn, client._context.dialect, "race-r", "target")
 
         [outcome] = race(backend, delete, move)
         assert isinstance(outcome, novaque.ChannelNotFound)
@@ -159,11 +159,11 @@ def test_dead_letters_moved_to_a_channel_being_deleted_leave_no_orphan(
         def held_move(conn: sa.Connection) -> None:
             # The move in a transaction held open: a delete of its target
             # waits for it, then deletes the moved letter with the channel.
-            dialect = client._dialect
+            dialect = client._context.dialect
             dialect.begin_transaction(conn)
             source, target = browse.dead_channels(conn, dialect, "race-r", "source", "target")
             work = browse.DeadWork("requeue", "race-r", source, 60_000_000, target_id=target)
-            got = browse.dead_batch(conn, dialect, client._now(), work, None, 0, 100)
+            got = browse.dead_batch(conn, dialect, client._context.now(), work, None, 0, 100)
             assert got[1] == 1, got
 
         assert race(backend, held_move, lambda: client.delete_channel("race-r", "target")) == [None]
@@ -177,7 +177,7 @@ def test_a_replay_racing_prune_leaves_no_delivery_without_its_message(
     backend: Backend, clock: FakeClock, first: str
 ) -> None:
     client = backend.client(clock=clock)
-    dialect = client._dialect
+    dialect = client._context.dialect
     client.ensure_channel("race-m", "c")
     message_id = client.publish("race-m", b"old")
     client.ack(client.claim("race-m", "c")[0])  # no live delivery: a replay writes one
@@ -186,12 +186,15 @@ def test_a_replay_racing_prune_leaves_no_delivery_without_its_message(
 
     def held_replay(conn: sa.Connection) -> None:
         dialect.begin_transaction(conn)
-        assert browse.replay(conn, dialect, client._now(), message_id, None, 60_000_000)[0] == 1
+        assert (
+            browse.replay(conn, dialect, client._context.now(), message_id, None, 60_000_000)[0]
+            == 1
+        )
 
     def held_prune(conn: sa.Connection) -> None:
         dialect.begin_transaction(conn)
         topic_id = topology.existing_topic_id(conn, "race-m")
-        cutoff_us = client._now()
+        cutoff_us = client._context.now()
         assert browse.prune_batch(conn, dialect, cutoff_us, topic_id, cutoff_us, 100)[1] == 1
 
     if first == "replay":  # the prune waits, then deletes the replayed delivery too

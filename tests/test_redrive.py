@@ -289,8 +289,8 @@ def test_rate_works_in_paced_chunks_of_one_transaction(
         return seen, done, last, effects
 
     monkeypatch.setattr(browse, "dead_batch", counted)
-    waits = RecordingWaits(core(client)._waits)
-    monkeypatch.setattr(core(client), "_waits", waits)
+    waits = RecordingWaits(core(client)._context.waits)
+    monkeypatch.setattr(core(client)._context, "waits", waits)
     # 2 letters a second: chunks of 2, and before each later chunk a wait until
     # the letters done so far fit the rate (about 1 s, then about 2 s: the
     # recorded waits return at once).
@@ -315,8 +315,8 @@ def test_rate_with_ids_paces_each_chunk(
     client: novaque.Client, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, letters = late_target(client, 3, clock)
-    waits = RecordingWaits(core(client)._waits)
-    monkeypatch.setattr(core(client), "_waits", waits)
+    waits = RecordingWaits(core(client)._context.waits)
+    monkeypatch.setattr(core(client)._context, "waits", waits)
     assert client.requeue_dead("t", "src", letters, rate=1.5) == 3  # chunks of 1
     assert len(waits.asked) == 2
     assert all(0 < asked <= 2 / 1.5 for asked in waits.asked)

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 import novaque
 from novaque import _filters
-from novaque._core import EVALUATION_TRIES
+from novaque._publishing import EVALUATION_TRIES
 from tests._twin import async_url
 from tests.conftest import Backend
 

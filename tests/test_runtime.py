@@ -89,7 +89,7 @@ def test_a_failing_job_is_logged_once_where_it_starts_failing_and_once_where_it_
     """An outage is one ERROR (with its traceback) and one INFO, however many
     passes fail in between; the failures in between are DEBUG lines."""
     client = backend.client(**FAST)
-    real_reap = client.reap_leases
+    real_reap = client._maintenance.reap_leases
     failures = iter([RuntimeError("database went away"), RuntimeError("still away")])
 
     def flaky_reap() -> int:
@@ -97,7 +97,7 @@ def test_a_failing_job_is_logged_once_where_it_starts_failing_and_once_where_it_
             raise exc
         return real_reap()
 
-    monkeypatch.setattr(client, "reap_leases", flaky_reap)
+    monkeypatch.setattr(client._maintenance, "reap_leases", flaky_reap)
     with caplog.at_level(logging.DEBUG, logger="novaque"):
         client.start()
         waited(client._runtime.signals.wait("reap", 1, WAIT), "a reap pass after the failures")
@@ -121,7 +121,7 @@ def test_a_consumers_claim_outage_is_logged_once_where_it_starts_and_once_where_
     client = backend.client()
     client.ensure_channel("t", "c")
     client.publish("t", b"x")
-    real = client._ack_and_claim
+    real = client._consuming.ack_and_claim
     failures = iter([RuntimeError("database went away"), RuntimeError("still away")])
 
     def flaky(*args: Any, **kwargs: Any) -> Any:
@@ -129,7 +129,7 @@ def test_a_consumers_claim_outage_is_logged_once_where_it_starts_and_once_where_
             raise exc
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(client, "_ack_and_claim", flaky)
+    monkeypatch.setattr(client._consuming, "ack_and_claim", flaky)
     handled = threading.Event()
     with caplog.at_level(logging.DEBUG, logger="novaque"):
         client.subscribe_and_start("t", "c", lambda msg: handled.set())
@@ -256,7 +256,7 @@ def test_shutdown_closes_the_connections_novaque_opened(backend: Backend, tmp_pa
     client.publish("t", b"x")
     waited(consumer._signals.wait("acked", 1, WAIT), "the ack")
     client.shutdown()
-    for engine in {client.engine, client._executor.engine}:
+    for engine in {client.engine, client._context.executor.engine}:
         assert engine.pool.checkedout() == 0
         assert engine.pool.checkedin() == 0  # type: ignore[attr-defined]
     # Still usable afterwards: new connections are opened on demand.
@@ -272,8 +272,8 @@ def test_an_applications_engine_is_left_open(backend: Backend) -> None:
         pass
     client.shutdown()
     assert engine.pool.checkedin() >= 1  # type: ignore[attr-defined]
-    if client._executor.engine is not engine:  # novaque's own engine (SQLite) is closed
-        assert client._executor.engine.pool.checkedin() == 0  # type: ignore[attr-defined]
+    if client._context.executor.engine is not engine:  # novaque's own engine (SQLite) is closed
+        assert client._context.executor.engine.pool.checkedin() == 0  # type: ignore[attr-defined]
 
 
 def test_shutdown_without_start_is_harmless(client: novaque.Client) -> None:
@@ -289,7 +289,7 @@ def test_shutdown_keeps_stats_it_could_not_flush(
     client = backend.client()
     client.ensure_channel("t", "c")
     client.publish("t", b"x")
-    real_run = client._run
+    real_run = client._context.run
     broken = threading.Event()
     broken.set()
 
@@ -298,7 +298,7 @@ def test_shutdown_keeps_stats_it_could_not_flush(
             raise RuntimeError("database went away")
         return real_run(fn, **kwargs)
 
-    monkeypatch.setattr(client, "_run", run)
+    monkeypatch.setattr(client._context, "run", run)
     with caplog.at_level(logging.ERROR, logger="novaque"):
         client.shutdown()
     assert "could not flush stats at shutdown" in caplog.text

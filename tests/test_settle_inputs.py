@@ -180,10 +180,10 @@ def test_a_consumer_backoff_past_the_expiry_is_kept_and_the_message_purged_at_tt
 
 
 class FlakyRetry:
-    """Stands in for ``client._retry``: raises ``error`` until told to stop."""
+    """Stands in for ``client._consuming.retry_after``: raises ``error`` until told to stop."""
 
     def __init__(self, client: novaque.Client, error: Exception) -> None:
-        self.real = client._retry
+        self.real = client._consuming.retry_after
         self.error = error
         self.calls = 0
         self.lock = threading.Lock()
@@ -210,7 +210,7 @@ def test_a_settle_failing_for_good_is_given_up_and_its_lease_lapses(
             raise ValueError("first try fails")
 
     flaky = FlakyRetry(client, sa.exc.DataError("UPDATE ...", {}, Exception("value too long")))
-    monkeypatch.setattr(client, "_retry", flaky)
+    monkeypatch.setattr(client._consuming, "retry_after", flaky)
     # A short lease: the heartbeat ticks every quarter of it (in real time).
     consumer = client.subscribe("t", "c", handler, lease=0.4, backoff=novaque.Backoff(base=0))
     message_id = client.publish("t", b"x")
@@ -228,7 +228,7 @@ def test_a_settle_failing_for_good_is_given_up_and_its_lease_lapses(
     waited(consumer._signals.wait("heartbeats", beats + 2, WAIT), "two heartbeats")
     assert delivery_row(backend, leased["id"])["visible_at"] == leased["visible_at"]
     # The lease lapses, the reaper releases it, and the consumer handles it again.
-    monkeypatch.setattr(client, "_retry", flaky.real)
+    monkeypatch.setattr(client._consuming, "retry_after", flaky.real)
     clock.advance(0.2)
     client.run_maintenance()
     waited(consumer._signals.wait("acked", 1, WAIT), "the second attempt's ack")
@@ -248,7 +248,7 @@ def test_a_settle_failing_transiently_is_retried_up_to_a_bound(
 ) -> None:
     monkeypatch.setattr(_ledger, "SETTLE_MAX_FAILURES", 3)
     flaky = FlakyRetry(client, sa.exc.OperationalError("UPDATE ...", {}, Exception("gone away")))
-    monkeypatch.setattr(client, "_retry", flaky)
+    monkeypatch.setattr(client._consuming, "retry_after", flaky)
 
     def fail(msg: novaque.Message) -> None:
         raise ValueError("no")

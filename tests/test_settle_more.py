@@ -439,7 +439,7 @@ def test_a_wake_up_before_the_first_fetch_is_kept(
 
     def listen_and_wake_at_once() -> None:
         listen()
-        client._wake_all()
+        client._context.wake_all()
 
     monkeypatch.setattr(client._runtime, "listen_locked", listen_and_wake_at_once)
     signals = client._runtime.signals

@@ -356,7 +356,7 @@ def test_clients_are_shut_down_at_the_end_of_their_test():
     assert len(SEEN) == 2
     for client in SEEN:
         assert not any(c.running for c in client._runtime.consumers)
-        assert not client._owns_engine or client.engine.pool.checkedout() == 0
+        assert not client._context.owns_engine or client.engine.pool.checkedout() == 0
 
 
 def test_a_consumer_left_running_is_stopped(novaque_client):

@@ -16,8 +16,8 @@ def test_default_clock_agrees_with_the_server(backend: Backend) -> None:
     client = backend.client()
     client.list_topics()  # first call: schema check and clock sample
     with backend.engine().connect() as conn:
-        server = client._dialect.db_now_us(conn)
-    ours = client._now()
+        server = client._context.dialect.db_now_us(conn)
+    ours = client._context.now()
     reference = server if server is not None else time.time_ns() // 1000  # SQLite: the host
     assert abs(ours - reference) < 2_000_000
 

@@ -48,9 +48,9 @@ def test_a_database_that_cannot_be_reached_raises_database_unavailable(
     # ... and, the schema known, each kind of novaque's own transaction; the
     # ids known too, the driver's own path (a raw connection of the pool,
     # whose errors are the driver's).
-    client._schema_ok.set()
-    client._topic_ids["t"] = 1
-    client._channel_cache[("t", "c")] = (1, time.monotonic())
+    client._context._schema_ok.set()
+    client._context.topic_ids["t"] = 1
+    client._topology._channel_cache[("t", "c")] = (1, time.monotonic())
     for call in (
         lambda: client.publish("t", b"x"),
         lambda: client.publish_many("t", [b"x", b"y"]),

@@ -194,7 +194,7 @@ def test_the_sqlite_watcher_holds_no_read_transaction(backend: Backend, tmp_path
 def test_postgres_listens_instead_of_watching(backend: Backend) -> None:
     client = backend.client()
     assert client._runtime.watch_s is None
-    assert client._dialect.supports_notify
+    assert client._context.dialect.supports_notify
 
 
 # -- the watcher itself --------------------------------------------------------------------

@@ -17,6 +17,7 @@ from novaque.cli._common import (
     parse_moment,
     print_table,
 )
+from novaque.client import operations_of
 
 ERROR_WIDTH = 60
 
@@ -200,7 +201,7 @@ def _chunks(
     verb = "requeued" if action == "requeue" else "deleted"
     progress = Progress(verb, total, shown=shown)
     try:
-        chunks = client._operations._dead_letter_chunks(
+        chunks = operations_of(client).dead_letter_chunks(
             action,
             args.topic,
             args.channel,

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 import novaque
-from novaque import _core
+from novaque import _publishing
 from novaque.dialects.sqlite import BEGINS_IMMEDIATE
 from novaque.errors import InvalidOption
 
@@ -334,7 +334,7 @@ def _after_django_commit(conn: sa.Connection, using: str) -> None:
     publish, wake this process's consumers) to Django's ``on_commit``: Django,
     not SQLAlchemy, commits this connection. A rollback of Django's block or
     savepoint discards it with Django's own hooks."""
-    callbacks = _core.take_after_commit(conn)
+    callbacks = _publishing.take_after_commit(conn)
     if callbacks:
         transaction.on_commit(functools.partial(_run_all, callbacks), using=using, robust=True)
 

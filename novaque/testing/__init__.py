@@ -26,6 +26,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, overload
 
 from novaque import _settle, _validate
+from novaque._core import parts_of
 from novaque._waits import TASKS, THREADS, Waits
 from novaque.client import Client
 from novaque.consumer import Handler
@@ -208,7 +209,7 @@ def drain(
         from sqlalchemy.util import greenlet_spawn
 
         _validate.handler(handler, TASKS)
-        return greenlet_spawn(_drain, client._core, topic, channel, handler, limit, TASKS)
+        return greenlet_spawn(_drain, aio.core_of(client), topic, channel, handler, limit, TASKS)
     raise TypeError(
         f"drain() needs a novaque.Client or novaque.aio.AsyncClient, got {type(client).__name__}"
     )
@@ -218,6 +219,7 @@ def _drain(
     client: Client, topic: str, channel: str, handler: Any, limit: int | None, waits: Waits
 ) -> int:
     backoff = client.options.backoff
+    settler = parts_of(client).consuming
     ran = 0
     while limit is None or ran < limit:
         claimed = client.claim(topic, channel)
@@ -226,5 +228,5 @@ def _drain(
         (msg,) = claimed
         outcome = _settle.outcome_of(handler, msg, backoff=backoff, log=client.log, waits=waits)
         ran += 1
-        _settle.write(client, outcome)
+        _settle.write(settler, outcome)
     return ran

@@ -145,7 +145,7 @@ def outside() -> dict[str, Any]:
     mid = novaque.django.publish("orders", body(6))
     after = [connection.in_atomic_block, connection.get_autocommit()]
     # A publish that fails after its rows were written leaves none of them.
-    dialect = type(made._dialect)
+    dialect = type(made._context.dialect)
     original = dialect.publish_plain
 
     def write_then_fail(self: Any, *args: Any, **kwargs: Any) -> Any:

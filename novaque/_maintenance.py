@@ -1,0 +1,136 @@
+"""Maintenance: one pass of every job (:meth:`Maintenance.run_maintenance`),
+and each job on its own: the lease reaper, the TTL purge (and what runs after
+it in a pass: :meth:`Maintenance.add_purge_pass`), the stats flush and prune,
+the cleanup of consumers that died; and the flush at shutdown.
+
+A part of :class:`novaque.Client` (over its :class:`~novaque._context.Context`),
+which forwards these calls here; the runtime's maintenance loop runs the same
+jobs on a timer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+from novaque import _validate
+from novaque._context import Context
+from novaque._stats import MINUTE_US, MINUTES_KEPT_US
+from novaque._time import day_of
+from novaque.ops import maintain, presence
+from novaque.options import microseconds
+
+__all__ = ["Maintenance"]
+
+
+class Maintenance:
+    """Maintenance jobs, over a client's context (see the module docstring)."""
+
+    def __init__(self, context: Context) -> None:
+        self._context = context
+        #: What a maintenance pass runs after the TTL purge (add_purge_pass).
+        self._purge_passes: list[Callable[[], int]] = []
+
+    def run_maintenance(self) -> None:
+        """Run one pass of every maintenance job, synchronously.
+
+        The lease reaper, TTL purge, dead-letter retention, stats flush and
+        stats prune, and the cleanup of consumers that died. For tests, and
+        for deployments that run maintenance from cron instead of calling
+        :meth:`start`.
+        """
+        self._context.ready()
+        self._context.resample_clock()
+        self.reap_leases()
+        self.purge_pass()
+        self.flush_stats()
+        self.prune_stats()
+        self.forget_stale_consumers()
+
+    def add_purge_pass(self, run: Callable[[], int]) -> None:
+        """Run ``run`` after the TTL purge in every maintenance pass (the
+        operator's calls add dead-letter retention); it returns how many rows
+        it deleted."""
+        self._purge_passes.append(run)
+
+    def purge_pass(self) -> int:
+        """The purge job of a maintenance pass, in ``run_maintenance()`` and in
+        ``start()``'s loop: TTL purge, then what :meth:`add_purge_pass` added."""
+        return self.purge_expired() + sum(run() for run in self._purge_passes)
+
+    def reap_leases(self) -> int:
+        """Release deliveries whose lease expired; dead-letter those out of attempts.
+
+        Returns how many deliveries it changed. Tokens of reaped leases stop
+        working (:class:`~novaque.LeaseLost`).
+        """
+        changed = self._context.in_batches(
+            maintain.reap_batch, self._context.options.maintenance_batch
+        )
+        if changed:
+            self._context.log.debug("reaped %d expired leases", changed)
+        return changed
+
+    def purge_expired(self) -> int:
+        """Delete messages past their TTL with all their deliveries (dead included).
+
+        On a channel with ``dead_letter_expired`` (``ensure_channel`` setting,
+        else ``Options.dead_letter_expired``), a delivery still live when its
+        message expires (ready, pending, in flight or deferred) becomes a dead
+        letter with reason ``"expired"`` instead (counted ``dead``; its lease,
+        if any, is lost), and the message is kept ``Options.default_ttl``
+        longer for it: the letters go by the channel's dead-letter bounds, or
+        with their message at that later expiry. Works in batches of
+        ``Options.maintenance_batch``; returns how many messages it deleted.
+        """
+        return self._context.in_batches(
+            maintain.purge_batch,
+            self._context.options.maintenance_batch,
+            dead_letter_expired=self._context.options.dead_letter_expired,
+            default_ttl_us=microseconds(self._context.default_ttl),
+        )
+
+    def flush_stats(self) -> None:
+        """Write the buffered counter deltas to the database now.
+
+        Safe to run in many processes at once: each adds its own deltas with
+        an upsert. A failed flush keeps the deltas for the next one.
+        """
+        taken = self._context.stats.take()
+        if not taken:
+            return
+        try:
+            self._context.run_op("", maintain.flush_stats, *maintain.stats_rows(taken))
+        except BaseException:
+            self._context.stats.give_back(taken)
+            raise
+
+    def prune_stats(self) -> int:
+        """Delete day buckets older than ``Options.stats_retention_days``, and
+        minute buckets (:meth:`minute_counters`) older than 24 hours; return how
+        many day buckets went."""
+        now = self._context.now()
+        first_kept = day_of(now) - timedelta(days=self._context.options.stats_retention_days - 1)
+        first_minute = (now - MINUTES_KEPT_US) // MINUTE_US * MINUTE_US
+        return self._context.run_op("", maintain.prune_stats, first_kept, first_minute)
+
+    def forget_stale_consumers(self) -> int:
+        """Drop the consumers online (:meth:`list_consumers`) not seen for three
+        ``Options.consumer_heartbeat`` by the clock (their process died); return
+        how many. Part of :meth:`run_maintenance`, and of the maintenance loop
+        once per heartbeat."""
+        before = self._context.now() - microseconds(3 * self._context.consumer_heartbeat)
+        return self._context.run_op("", presence.forget_stale, before)
+
+    def close(self) -> None:
+        """Flush the buffered stats, then close the connections of the engines
+        novaque opened itself (the end of ``shutdown()``; calls after it open
+        new ones)."""
+        try:
+            self.flush_stats()
+        except Exception as exc:
+            self._context.log.error(
+                "could not flush stats at shutdown (kept in memory): %s",
+                _validate.error_text(exc),
+            )
+        self._context.close_engines()
