@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -380,6 +381,50 @@ def test_channel_settings_show_and_pause_resume_buttons(
     }
     assert not client.channel_settings("orders", "billing").paused
     assert web.post("/admin/api/topics/orders/channels/nope/pause").status == 404
+
+
+def settings_table(page: str) -> dict[str, str]:
+    """The channel page's settings, label -> value as the reader sees them."""
+    rows = re.findall(r"<tr><th>([^<]*)</th><td><code>([^<]*)</code></td></tr>", page)
+    return {html.unescape(label): html.unescape(value) for label, value in rows}
+
+
+def test_channel_page_shows_the_defaults_a_channel_falls_back_to(
+    backend: Backend, clock: FakeClock
+) -> None:
+    client = backend.client(
+        clock=clock, default_lease=45, default_max_attempts=7, dead_max_count=1000
+    )
+    web = WSGIClient(create_app(client))
+    client.ensure_channel("orders", "billing", max_attempts=3, dead_max_age=timedelta(days=30))
+    client.ensure_channel("orders", "audit", lease=1.5, dead_letter_expired=True)
+    billing = settings_table(web.get("/admin/topics/orders/channels/billing").text)
+    assert billing == {
+        "State": "running",
+        "Ordering": "standard",
+        "Filter": "none (every message)",
+        "Lease": "45 s (the client's default)",
+        "Max attempts": "3",
+        "Dead letters kept for": "2592000 s",
+        "Dead letters kept, at most": "1000 (the client's default)",
+        "Dead-letter bytes, at most": "no limit (the client's default)",
+        "Expired deliveries become dead letters": "no (the client's default)",
+    }
+    audit = settings_table(web.get("/admin/topics/orders/channels/audit").text)
+    assert audit["Lease"] == "1.5 s"
+    assert audit["Max attempts"] == "7 (the client's default)"
+    assert audit["Dead letters kept for"] == "until their message's TTL (the client's default)"
+    assert audit["Expired deliveries become dead letters"] == "yes"
+    detail = web.get("/admin/api/topics/orders/channels/billing").json()
+    assert detail["defaults"] == {
+        "lease": 45.0,
+        "max_attempts": 7,
+        "dead_max_age": None,
+        "dead_max_count": 1000,
+        "dead_max_bytes": None,
+        "dead_letter_expired": False,
+    }
+    assert set(detail["defaults"]) == set(detail["settings"]) - {"ordering", "filter", "paused"}
 
 
 def test_channel_page_and_api(web: WSGIClient, client: novaque.Client, clock: FakeClock) -> None:

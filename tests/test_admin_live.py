@@ -57,6 +57,34 @@ def test_the_minutes_api_lists_every_minute_of_the_last_hour(
     assert web.get("/admin/api/topics/orders/channels/nope/minutes").status == 404
 
 
+def test_the_dashboard_chart_says_it_counts_deliveries(
+    web: WSGIClient, client: novaque.Client, clock: FakeClock
+) -> None:
+    """Every channel added up: a message published to a topic with two channels
+    is two deliveries, and the chart's title and note say that is what it counts."""
+    client.ensure_channel("orders", "billing")
+    client.ensure_channel("orders", "shipping")
+    client.publish_many("orders", [b"1", b"2", b"3"])
+    for channel in ("billing", "shipping"):
+        client.ack_many(client.claim("orders", channel, max_messages=3))
+    client.flush_stats()
+    last = web.get("/admin/api/minutes").json()["minutes"][-1]
+    assert (last["published"], last["acked"]) == (6, 6)  # 3 messages, 2 channels
+    dashboard = web.get("/admin/").text
+    assert '<h2>Last hour <span class="muted">deliveries per minute, every channel added up' in (
+        dashboard
+    )
+    assert 'data-title="Deliveries per minute of the last hour, every channel added up"' in (
+        dashboard
+    )
+    assert "a message published to a topic with two channels is two deliveries" in dashboard
+    page = web.get("/admin/topics/orders/channels/billing").text
+    assert "deliveries per minute, orders/billing</span>" in page
+    assert 'data-title="Deliveries per minute of the last hour, orders/billing"' in page
+    billing = web.get("/admin/api/topics/orders/channels/billing/minutes").json()
+    assert (billing["minutes"][-1]["published"], billing["minutes"][-1]["acked"]) == (3, 3)
+
+
 def test_pages_carry_the_live_chart_beside_the_daily_trend(
     web: WSGIClient, client: novaque.Client
 ) -> None:

@@ -8,12 +8,14 @@ works (and without them is refused). Skipped when the framework is missing.
 from __future__ import annotations
 
 import re
+import socket
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import novaque
-from novaque.admin import create_app
+from novaque.admin import create_app, serve
 from tests.wsgi import WSGIClient
 
 
@@ -145,3 +147,22 @@ def test_starlette_mount_through_a2wsgi(client: novaque.Client) -> None:
             return web.post(path, json=body, headers=headers)
 
         check_mounted(web.get, post, web.cookies, "/queues")
+
+
+def test_serve_closes_its_socket_when_interrupted_as_it_starts(tmp_path: Path) -> None:
+    """Ctrl-C while ``on_ready`` runs (``novaque admin`` printing its address)
+    leaves no socket listening."""
+    client = novaque.connect(f"sqlite:///{tmp_path / 'serve.db'}")
+    ports = []
+
+    def ready(base_url: str, server: str) -> None:
+        ports.append(int(base_url.rsplit(":", 1)[1]))
+        raise KeyboardInterrupt
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            serve(create_app(client), "127.0.0.1", 0, on_ready=ready)
+    finally:
+        client.shutdown()
+    with socket.socket() as again:  # refused while the server's socket listens
+        again.bind(("127.0.0.1", ports[0]))

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from datetime import date, datetime, timedelta, timezone
-from typing import Any
+from typing import Any, get_args
 
 from novaque._validate import MAX_ID
 from novaque.admin._http import HTTPError
@@ -22,6 +22,7 @@ from novaque.models import (
     Counters,
     DeadLetter,
     DeliveryInfo,
+    DeliveryState,
     MessageInfo,
 )
 
@@ -34,6 +35,12 @@ MAX_PAGE_SIZE = 500
 LIVE_MINUTES = 60
 
 _INT = re.compile(r"[0-9]{1,19}")
+
+#: The states of a live delivery, each a count of ``Backlog``, in the order the
+#: admin, the CLI and the metrics list them.
+STATES: tuple[DeliveryState, ...] = get_args(DeliveryState)
+#: The delivery counters, in ``Counters``' order.
+COUNTERS: tuple[str, ...] = tuple(f.name for f in fields(Counters))
 
 
 def today(client: Client) -> date:
@@ -159,11 +166,10 @@ def counters(c: Counters) -> dict[str, int]:
 
 
 def backlog(b: Backlog) -> dict[str, Any]:
-    """A backlog as JSON: its counts, and ``oldest_ready_at`` in ISO 8601 (None
-    when nothing is ready)."""
-    found = asdict(b)
-    oldest = b.oldest_ready_at
-    found["oldest_ready_at"] = None if oldest is None else oldest.isoformat()
+    """A backlog as JSON: its count per state (:data:`STATES`' order), and
+    ``oldest_ready_at`` in ISO 8601 (None when nothing is ready)."""
+    found: dict[str, Any] = {state: getattr(b, state) for state in STATES}
+    found["oldest_ready_at"] = iso(b.oldest_ready_at)
     return found
 
 
@@ -191,6 +197,22 @@ def settings(client: Client, topic: str, channel: str) -> dict[str, Any]:
         "dead_max_count": got.dead_max_count,
         "dead_max_bytes": got.dead_max_bytes,
         "dead_letter_expired": got.dead_letter_expired,
+    }
+
+
+def defaults(client: Client) -> dict[str, Any]:
+    """What a channel's settings that are None fall back to: this client's
+    ``Options``, shaped as :func:`settings` (a claim that names its own lease, or
+    a publish its own ``max_attempts``, uses that instead)."""
+    options = client.options
+    age = options.dead_max_age
+    return {
+        "lease": seconds_of(options.default_lease),
+        "max_attempts": options.default_max_attempts,
+        "dead_max_age": None if age is None else seconds_of(age),
+        "dead_max_count": options.dead_max_count,
+        "dead_max_bytes": options.dead_max_bytes,
+        "dead_letter_expired": options.dead_letter_expired,
     }
 
 
@@ -331,6 +353,7 @@ def channel_detail(client: Client, topic: str, channel: str) -> dict[str, Any]:
         "topic": topic,
         "channel": channel,
         "settings": settings(client, topic, channel),
+        "defaults": defaults(client),
         "day": day.isoformat(),
         "consumers": consumers(client, topic, channel)["consumers"],
         "backlog": backlog(found),
@@ -408,8 +431,9 @@ def message(info: MessageInfo, channel_names: list[str], limit: int) -> dict[str
     live = {d.channel: d for d in info.deliveries}
     states = [delivery(live[name]) for name in sorted(live)]
     for name in channel_names:
-        if name not in live:
-            states.append({"channel": name, "state": "acked", "attempts": None})
+        if name not in live:  # the keys of a live one, as the docs show them
+            gone = {"channel": name, "state": "acked", "attempts": None}
+            states.append({**gone, "last_error": None, "visible_at": None})
     states.sort(key=lambda s: s["channel"])
     return {
         "id": info.id,

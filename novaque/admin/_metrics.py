@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Metrics"]
 
-STATES = ("pending", "ready", "in_flight", "deferred", "dead")
-COUNTERS = ("published", "claimed", "acked", "requeued", "dead", "purged")
+STATES = _data.STATES
+COUNTERS = _data.COUNTERS
 
 
 class Metrics:

@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote, urlencode
 
-STATES = ("pending", "ready", "in_flight", "deferred", "dead")
+from novaque.admin._data import COUNTERS, STATES
+
 STATE_LABELS = {
     "pending": "Pending",
     "ready": "Ready",
@@ -179,7 +180,14 @@ The numbers refresh every few seconds.
 <div id="topics" data-refresh="{h(self.api("/overview"))}">
 {"".join(sections)}
 </div>
-{self._live_chart(self.api("/minutes"), "every channel")}"""
+{
+            self._live_chart(
+                self.api("/minutes"),
+                "every channel added up",
+                note="These count deliveries: a message published to a topic with two "
+                "channels is two deliveries, so it counts twice.",
+            )
+        }"""
         return self.layout("Dashboard", body, page="dashboard")
 
     def _topic_card(self, topic: dict[str, Any]) -> str:
@@ -302,7 +310,7 @@ The numbers refresh every few seconds.
             + age_cell("span", data["oldest_ready_age"], "v")
             + "</div>"
         )
-        names = ("published", "claimed", "acked", "requeued", "dead", "purged")
+        names = COUNTERS
         heads = "".join(f'<th class="num">{n.capitalize()}</th>' for n in names)
         today = "".join(f'<td class="num">{data["today"][n]}</td>' for n in names)
         window = "".join(f'<td class="num">{data["window"]["counters"][n]}</td>' for n in names)
@@ -315,7 +323,11 @@ The numbers refresh every few seconds.
             )
             or f'<tr><td colspan="{len(names) + 1}" class="empty">No activity yet.</td></tr>'
         )
-        settings = data["settings"]
+        settings, defaults = data["settings"], data["defaults"]
+
+        def setting(key: str, unit: str = "", none: str = "no limit") -> str:
+            return _setting(settings[key], defaults[key], unit, none)
+
         switch = "resume" if settings["paused"] else "pause"
         setting_rows = "".join(
             f"<tr><th>{h(label)}</th><td><code>{h(value)}</code></td></tr>"
@@ -326,15 +338,15 @@ The numbers refresh every few seconds.
                     "Filter",
                     "none (every message)" if settings["filter"] is None else settings["filter"],
                 ),
-                ("Lease", _default_or(settings["lease"], " s")),
-                ("Max attempts", _default_or(settings["max_attempts"])),
-                ("Dead letters kept for", _default_or(settings["dead_max_age"], " s")),
-                ("Dead letters kept, at most", _default_or(settings["dead_max_count"])),
-                ("Dead-letter bytes, at most", _default_or(settings["dead_max_bytes"])),
+                ("Lease", setting("lease", " s")),
+                ("Max attempts", setting("max_attempts")),
                 (
-                    "Expired deliveries become dead letters",
-                    _default_or(settings["dead_letter_expired"]),
+                    "Dead letters kept for",
+                    setting("dead_max_age", " s", none="until their message's TTL"),
                 ),
+                ("Dead letters kept, at most", setting("dead_max_count")),
+                ("Dead-letter bytes, at most", setting("dead_max_bytes")),
+                ("Expired deliveries become dead letters", setting("dead_letter_expired")),
             )
         )
         body = f"""
@@ -376,7 +388,7 @@ The numbers refresh every few seconds.
     <p class="muted">The chart needs JavaScript; the table below has the same numbers.</p>
   </div>
 </section>
-{self._live_chart(self.api(f"/topics/{q(topic)}/channels/{q(name)}/minutes"), "this channel")}
+{self._live_chart(self.api(f"/topics/{q(topic)}/channels/{q(name)}/minutes"), f"{topic}/{name}")}
 </div>
 {self._consumers(data["consumers"])}
 <section class="card"><h2>Counters</h2>
@@ -395,13 +407,16 @@ The numbers refresh every few seconds.
         )
 
     @staticmethod
-    def _live_chart(api_url: str, what: str) -> str:
-        """The "last hour, per minute" chart, redrawn live by admin.js."""
+    def _live_chart(api_url: str, what: str, note: str = "") -> str:
+        """The "last hour, per minute" chart, redrawn live by admin.js. Its
+        counters count deliveries (``Counters``), which the title says."""
+        title = f"Deliveries per minute of the last hour, {what}"
+        note_html = f'\n  <p class="muted">{h(note)}</p>' if note else ""
         return f"""<section class="card">
-  <h2>Last hour <span class="muted">per minute, {h(what)}</span></h2>
-  <div id="live-chart" class="chart" data-minutes="{h(api_url)}">
+  <h2>Last hour <span class="muted">deliveries per minute, {h(what)}</span></h2>
+  <div id="live-chart" class="chart" data-minutes="{h(api_url)}" data-title="{h(title)}">
     <p class="muted">The chart needs JavaScript.</p>
-  </div>
+  </div>{note_html}
 </section>"""
 
     @staticmethod
@@ -618,9 +633,19 @@ or was created after it was published.</p></section>
         return self.layout(f"Error {status}", body, page="error")
 
 
-def _default_or(value: object, unit: str = "") -> str:
+def _setting(value: object, default: object, unit: str, none: str) -> str:
+    """A channel setting as the page shows it: its own value, or the client's
+    default it falls back to, said so (``30 s (the client's default)``)."""
     if value is None:
-        return "the client's default"
+        return f"{_value(default, unit, none)} (the client's default)"
+    return _value(value, unit, none)
+
+
+def _value(value: object, unit: str, none: str) -> str:
+    if value is None:
+        return none
     if isinstance(value, bool):
         return "yes" if value else "no"
-    return f"{value:g}{unit}"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return f"{value}{unit}"

@@ -79,20 +79,20 @@ def serve(
         waitress: Any = importlib.import_module("waitress")
     except ImportError:
         waitress = None
+    # The socket is closed however serving ends, Ctrl-C during on_ready included.
     if waitress is not None:
         server = waitress.create_server(app, host=host, port=port)
-        if on_ready is not None:
-            actual = server.effective_port
-            on_ready(f"http://{host}:{actual}", "waitress")
         try:
+            if on_ready is not None:
+                on_ready(f"http://{host}:{server.effective_port}", "waitress")
             server.run()
         finally:
             server.close()
         return
     background = BackgroundServer(app, host, port)
-    if on_ready is not None:
-        on_ready(background.base_url, "wsgiref")
     try:
+        if on_ready is not None:
+            on_ready(background.base_url, "wsgiref")
         background._server.serve_forever()
     finally:
         background._server.server_close()

@@ -37,7 +37,8 @@ def register(commands: Any) -> None:
     dead = commands.add_parser(
         "dead",
         help="list, requeue or delete dead letters of a channel",
-        description="Dead letters are addressed by delivery id (the first column of `dead list`).",
+        description="Dead letters are addressed by delivery id (DELIVERY_ID, the first column "
+        "of `dead list`).",
     )
     actions = dead.add_subparsers(dest="action", metavar="ACTION", required=True)
 
@@ -137,7 +138,10 @@ def run_list(args: argparse.Namespace, context: Context) -> int:
     if not items:
         print(f"no dead letters in {args.topic}/{args.channel}")
         return 0
-    headers = ["DELIVERY", "MESSAGE", "ATTEMPTS", "DIED_AT", "BYTES", "REASON", "LAST_ERROR"]
+    # Named after DeadLetter's fields, as the admin's JSON names them.
+    headers = [
+        "DELIVERY_ID", "MESSAGE_ID", "ATTEMPTS", "DIED_AT", "BODY_LEN", "REASON", "LAST_ERROR",
+    ]  # fmt: skip
     rows: list[list[object]] = []
     for item in items:
         row: list[object] = [
@@ -155,7 +159,7 @@ def run_list(args: argparse.Namespace, context: Context) -> int:
         rows.append(row)
     if args.body:
         headers.append("BODY")
-    print_table(headers, rows, numeric=["DELIVERY", "MESSAGE", "ATTEMPTS", "BYTES"])
+    print_table(headers, rows, numeric=["DELIVERY_ID", "MESSAGE_ID", "ATTEMPTS", "BODY_LEN"])
     if len(items) == args.limit:
         print(f"(more may follow: --after-id {items[-1].delivery_id})", file=sys.stderr)
     return 0
@@ -181,7 +185,9 @@ def _chunks(
     client = context.client()
     total: int | None = len(ids) if ids is not None else None
     shown = args.progress or sys.stderr.isatty()
-    if total is None and (shown or action == "delete"):
+    # How many letters the pass takes, when the backlog says it: not with
+    # --died-before (the line then counts without a bar).
+    if total is None and args.died_before is None and (shown or action == "delete"):
         dead = client.channel_backlog(args.topic, args.channel).dead
         total = dead if args.limit is None else min(dead, args.limit)
     if action == "delete" and ids is None and args.limit is None and args.died_before is None:

@@ -9,9 +9,6 @@ from typing import Any
 
 from novaque.cli._common import Context, parse_day, print_table
 
-STATES = ("pending", "ready", "in_flight", "dead")
-COUNTERS = ("published", "claimed", "acked", "requeued", "dead", "purged")
-
 
 def register(commands: Any) -> None:
     """Add ``stats`` to the parser."""
@@ -19,8 +16,9 @@ def register(commands: Any) -> None:
         "stats",
         help="backlog and counters per channel",
         description="Print one row per channel: the live backlog by state (pending, ready, "
-        "in flight, dead) and the delivery counters summed over UTC days (today unless "
-        "--since/--until say otherwise).",
+        "in flight, deferred, dead) and when the oldest ready delivery became due, then the "
+        "delivery counters summed over UTC days (today unless --since/--until say "
+        "otherwise). The columns are the keys of --json, upper-cased.",
     )
     stats.add_argument("topic", nargs="?", metavar="TOPIC", help="only this topic")
     stats.add_argument("channel", nargs="?", metavar="CHANNEL", help="only this channel")
@@ -31,6 +29,8 @@ def register(commands: Any) -> None:
 
 
 def run_stats(args: argparse.Namespace, context: Context) -> int:
+    from novaque.admin import _data  # the admin's JSON shapes, imported only here
+
     client = context.client()
     clock = client.options.clock
     today = (clock() if clock is not None else datetime.now(timezone.utc)).date()
@@ -40,18 +40,17 @@ def run_stats(args: argparse.Namespace, context: Context) -> int:
         raise ValueError(f"--since {since} is after --until {until}")
     topics = [args.topic] if args.topic else client.list_topics()
     rows: list[dict[str, Any]] = []
+    cells: list[list[object]] = []
     for topic in topics:
         channels = [args.channel] if args.channel else client.list_channels(topic)
         for channel in channels:
             backlog = client.channel_backlog(topic, channel)
             counters = client.channel_counters(topic, channel, since=since, until=until)
-            rows.append(
-                {
-                    "topic": topic,
-                    "channel": channel,
-                    "backlog": {s: getattr(backlog, s) for s in STATES},
-                    "counters": {c: getattr(counters, c) for c in COUNTERS},
-                }
+            states, counts = _data.backlog(backlog), _data.counters(counters)
+            rows.append({"topic": topic, "channel": channel, "backlog": states, "counters": counts})
+            # The table shows the same values, times as the other tables show them.
+            cells.append(
+                [topic, channel, *(getattr(backlog, key) for key in states), "|", *counts.values()]
             )
     if args.json:
         window = {"since": since and since.isoformat(), "until": until and until.isoformat()}
@@ -62,14 +61,12 @@ def run_stats(args: argparse.Namespace, context: Context) -> int:
         return 0
     span = f"{since or 'first day'} .. {until or 'today'}"
     print(f"backlog now; counters for UTC days {span}")
-    headers = ["TOPIC", "CHANNEL", "PENDING", "READY", "IN_FLIGHT", "DEAD", "|"]
-    headers += ["PUBLISHED", "CLAIMED", "ACKED", "REQUEUED", "DIED", "PURGED"]
+    # Each column is named after its key in --json (the Python API's names).
+    headers = ["TOPIC", "CHANNEL", *(key.upper() for key in rows[0]["backlog"]), "|"]
+    headers += [key.upper() for key in rows[0]["counters"]]
     print_table(
         headers,
-        [
-            [row["topic"], row["channel"], *row["backlog"].values(), "|", *row["counters"].values()]
-            for row in rows
-        ],
-        numeric=[h for h in headers if h not in ("TOPIC", "CHANNEL")],
+        cells,
+        numeric=[h for h in headers if h not in ("TOPIC", "CHANNEL", "OLDEST_READY_AT")],
     )
     return 0

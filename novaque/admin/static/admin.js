@@ -40,16 +40,28 @@
     });
   }
 
+  // A number and the noun that goes with it: "1 dead letter", "2 dead letters"
+  // (the command line's words).
+  function count(number, one, many) {
+    return number + " " + (number === 1 ? one : many);
+  }
+
+  // What an action did, in a sentence, from the API's answer.
   function describe(data) {
     if (data.id !== undefined) return "Published message " + data.id + ".";
-    if (data.requeued !== undefined) return "Requeued " + data.requeued + " dead letter(s).";
+    if (data.requeued !== undefined) {
+      return "Requeued " + count(data.requeued, "dead letter", "dead letters") + ".";
+    }
     if (data.deleted !== undefined && typeof data.deleted === "number") {
-      return "Deleted " + data.deleted + " dead letter(s).";
+      return "Deleted " + count(data.deleted, "dead letter", "dead letters") + ".";
     }
     if (data.deleted) return "Deleted.";
-    if (data.replayed !== undefined) return "Replayed (" + data.replayed + ").";
+    if (data.replayed !== undefined) {
+      return "Replayed: " + count(data.replayed, "delivery", "deliveries") + " created.";
+    }
     if (data.cancelled !== undefined) {
-      return "Cancelled " + data.cancelled + " never-attempted deliver" + (data.cancelled === 1 ? "y." : "ies.");
+      return "Cancelled " +
+        count(data.cancelled, "never-attempted delivery", "never-attempted deliveries") + ".";
     }
     if (data.channel) return "Channel " + data.channel + " is ready.";
     if (data.topic) return "Topic " + data.topic + " is ready.";
@@ -130,8 +142,10 @@
       if (target) payload.to_channel = target;
       if (limit) payload.limit = Number(limit);
       var here = form.getAttribute("data-topic-name") + "/" + form.getAttribute("data-channel-name");
-      var question = "Requeue " + (limit ? "the " + limit + " dead letters that died first" : "every dead letter") +
-        " of " + here + (target ? " into channel " + target : "") + "?";
+      var chosen = limit
+        ? "the " + (Number(limit) === 1 ? "dead letter that died" : limit + " dead letters that died") + " first"
+        : "every dead letter";
+      var question = "Requeue " + chosen + " of " + here + (target ? " into channel " + target : "") + "?";
       if (!window.confirm(question)) { event.preventDefault(); return; }
     } else if (form.hasAttribute("data-replay-range")) {
       url = form.getAttribute("data-replay-range");
@@ -307,11 +321,11 @@
   }
 
   // The last hour: the server lists every minute (zeros too), oldest first.
+  // The page names what is counted (deliveries) in the box's data-title.
   function drawMinutes(box, data) {
     var byMinute = {};
     var labels = data.minutes.map(function (row) { byMinute[row.minute] = row; return row.minute; });
-    var what = data.topic ? data.topic + "/" + data.channel : "every channel";
-    drawLines(box, labels, byMinute, "Counters per minute of the last hour, " + what,
+    drawLines(box, labels, byMinute, box.getAttribute("data-title"),
       function (minute) { return minute.slice(11, 16); });
   }
 
