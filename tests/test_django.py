@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -258,6 +259,21 @@ if __name__ == "__main__":
 """
 
 
+def console_output(page: Path) -> dict[str, list[str]]:
+    """What a page's console blocks show each ``$ command`` printing (its
+    trailing ``# comment`` left out of the command)."""
+    shown: dict[str, list[str]] = {}
+    for block in re.findall(r"```console\n(.*?)```", page.read_text(), re.S):
+        command = None
+        for line in block.splitlines():
+            if line.startswith("$ "):
+                command = line[2:].split("#")[0].strip()
+                shown[command] = []
+            elif command is not None:
+                shown[command].append(line)
+    return shown
+
+
 def test_the_docs_django_project_publishes_and_consumes(tmp_path: Path) -> None:
     """docs/how-to/django.md, as a project of its own on SQLite: its files,
     Django's own manage.py, and the commands the page shows."""
@@ -286,6 +302,9 @@ def test_the_docs_django_project_publishes_and_consumes(tmp_path: Path) -> None:
     migrated = manage("novaque", "migrate")
     assert f"sqlite:///shop.db: novaque schema at revision {_migrate.head()}" in migrated
     assert "channels ready: orders/mailer, orders/stock" in migrated
+    # The page's console block shows what these commands print, line for line.
+    shown = console_output(ROOT / "docs/how-to/django.md")
+    assert shown["python manage.py novaque migrate"] == migrated.splitlines()
     placed = manage(
         "shell",
         "-c",
@@ -321,3 +340,6 @@ def test_the_docs_django_project_publishes_and_consumes(tmp_path: Path) -> None:
             proc.wait(timeout=60)
     assert proc.returncode == 0, out + err
     assert "novaque: consuming orders/mailer (shop.handlers.send_confirmation)" in out
+    assert out.splitlines()[: len(shown["python manage.py novaque run"])] == (
+        shown["python manage.py novaque run"]
+    )
