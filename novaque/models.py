@@ -71,8 +71,10 @@ class Message:
 class Counters:
     """Delivery counters of a channel (or the sum over a topic's channels).
 
-    ``published`` counts deliveries created (fan-out and replay); ``purged``
-    counts deliveries removed by TTL, dead-letter retention or ``prune``.
+    ``published`` counts deliveries created (fan-out, replay, a dead letter
+    moved in); ``purged`` counts deliveries removed without an ack (TTL purge,
+    dead-letter retention, ``delete_dead``, ``cancel``, ``prune``, a dead
+    letter moved out).
     """
 
     published: int = 0
