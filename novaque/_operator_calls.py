@@ -474,10 +474,12 @@ class Operations:
         """Deliver a stored message again; return how many deliveries were created.
 
         ``channels`` are names of the message's topic (``None``: every channel
-        it has now, including ones created after the publish). Each new
-        delivery is ready at once with a fresh attempt budget; a channel that
-        still holds a live delivery of the message (pending, ready, in flight
-        or dead) gets none. The message is kept at least
+        it has now, including ones created after the publish, a filtered one
+        only if its filter is true for the message). Each new delivery is
+        ready at once with a fresh attempt budget (the channel's
+        ``max_attempts`` setting, else the message's); a channel that still
+        holds a live delivery of the message (pending, ready, in flight,
+        deferred or dead) gets none. The message is kept at least
         ``Options.default_ttl`` from now. One transaction; counted as
         ``published``.
         """
