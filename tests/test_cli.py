@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import urllib.error
@@ -472,6 +473,96 @@ def test_cancel_a_scheduled_message(db: Path) -> None:
     assert ok(run("cancel", message_id, cwd=db)).startswith("cancelled 0 ")
     assert "message 999999 does not exist" in one_line_error(run("cancel", "999999", cwd=db))
     assert run("cancel", "x", cwd=db).returncode == 2
+
+
+#: A size as the commands print it: ``0 bytes``, ``124.0 KiB``, ``83.1 MiB``.
+SIZE = r"\d+ bytes?|\d+\.\d [KMGT]iB"
+
+
+def auto_vacuum(path: Path) -> int:
+    raw = sqlite3.connect(path)
+    try:
+        return int(raw.execute("PRAGMA auto_vacuum").fetchone()[0])
+    finally:
+        raw.close()
+
+
+def leave_free_pages(path: Path, count: int = 2_000) -> None:
+    """Publish ``count`` messages of 4 KiB, pop them and prune them: the pages
+    they took stay free in the file."""
+    client = novaque.connect(f"sqlite:///{path}")
+    try:
+        client.ensure_channel("bulk", "drain")
+        client.publish_many("bulk", [os.urandom(4096)] * count)
+        while client.pop("bulk", "drain", max_messages=1000):
+            pass
+        assert client.prune(datetime.now(timezone.utc) + timedelta(days=1)) == count
+    finally:
+        client.shutdown()
+
+
+def mib(size: str) -> float:
+    number, unit = size.split()
+    return float(number) / {"bytes": 2**20, "byte": 2**20, "KiB": 1024, "MiB": 1}[unit]
+
+
+def test_compact_gives_the_space_back(db: Path) -> None:
+    path = db / "novaque.db"
+    assert auto_vacuum(path) == 2  # `novaque migrate` made it incremental
+    leave_free_pages(path)
+    out = ok(run("compact", cwd=db))
+    shown = re.fullmatch(f"freed ({SIZE}); the database file is now ({SIZE})\n", out)
+    assert shown, out
+    assert mib(shown[1]) >= 2_000 * 4096 / 2**20  # the bodies' pages at least
+    assert mib(shown[2]) < 1
+    assert path.stat().st_size < 2**20
+    result = run("compact", "--full", cwd=db)
+    assert re.fullmatch(f"freed ({SIZE}); the database file is now ({SIZE})\n", ok(result))
+    assert re.fullmatch(
+        f"rewriting the whole database \\(({SIZE})\\) without its free pages; writers wait "
+        "until it ends\n",
+        result.stderr,
+    ), result.stderr
+    assert run("compact", "now", cwd=db).returncode == 2
+
+
+def test_compact_of_an_older_database_needs_full(tmp_path: Path) -> None:
+    """A file that held a table before novaque's (or an older novaque's) keeps
+    SQLite's default mode: compact says so, --full switches it."""
+    path = tmp_path / "novaque.db"
+    raw = sqlite3.connect(path)
+    raw.execute("CREATE TABLE app_things (id INTEGER PRIMARY KEY)")
+    raw.close()
+    ok(run("migrate", cwd=tmp_path))
+    assert auto_vacuum(path) == 0
+    leave_free_pages(path)
+    result = run("compact", cwd=tmp_path)
+    shown = re.fullmatch(f"freed 0 bytes; the database file is now ({SIZE})\n", ok(result))
+    assert shown, result.stdout
+    warning = re.fullmatch(
+        f"novaque: warning: ({SIZE}) of free pages stay in the database file: it is not in "
+        "SQLite's incremental auto-vacuum mode .*novaque compact --full.*\n",
+        result.stderr,
+    )
+    assert warning, result.stderr
+    assert mib(warning[1]) >= 2_000 * 4096 / 2**20
+    result = run("compact", "--full", cwd=tmp_path)
+    assert result.stderr == (
+        f"rewriting the whole database ({shown[1]}) without its free pages; writers wait "
+        "until it ends\n"
+    )
+    shown = re.fullmatch(f"freed ({SIZE}); the database file is now ({SIZE})\n", ok(result))
+    assert shown, result.stdout
+    assert mib(shown[1]) >= 2_000 * 4096 / 2**20
+    assert auto_vacuum(path) == 2
+
+
+@pytest.mark.parametrize("backend", ["postgres", "mysql"], indirect=True)
+def test_compact_leaves_the_servers_alone(backend: Backend) -> None:
+    family = {"postgres": "PostgreSQL", "mysql": "MySQL"}[backend.name]
+    for full in ([], ["--full"]):
+        out = ok(run("compact", *full, cwd=Path.cwd(), url=backend.url))
+        assert out == f"nothing to compact: {family} manages its own space\n"
 
 
 @pytest.mark.parametrize("backend", ["postgres", "mysql"], indirect=True)  # SQLite: above
