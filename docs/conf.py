@@ -35,8 +35,7 @@ extensions = ["sphinx.ext.autodoc", "myst_parser"]
 
 source_suffix = {".md": "markdown"}
 root_doc = "index"
-# _pending_*.md: text waiting to be merged into a page, not a page of the site.
-exclude_patterns = ["_build", "_pending_*.md"]
+exclude_patterns = ["_build"]
 
 # Every cross reference to novaque's own objects must resolve. Those to the
 # objects of the standard library and of the libraries novaque works with
