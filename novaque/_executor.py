@@ -275,6 +275,18 @@ class SyncExecutor:
             self.raise_unavailable(exc)
             raise
 
+    def without_transaction(self, fn: Callable[[sa.Connection], T]) -> T:
+        """``fn`` of a connection of novaque's engine on which no transaction was
+        begun, for what cannot run in one (SQLite's ``VACUUM``), in this
+        executor's turn and with its retries, but without a deadline (a
+        ``VACUUM`` rewrites the whole file). ``fn`` runs its statements on
+        the driver's connection: SQLAlchemy's would begin a transaction."""
+        return self._retried(functools.partial(self._untransacted, fn), ATTEMPTS)
+
+    def _untransacted(self, fn: Callable[[sa.Connection], T]) -> T:
+        with self.opened(self.engine.connect) as conn:
+            return fn(conn)
+
     def open_listener(self) -> NotifyListener | None:
         """A connection that receives the dialect's wake-ups, or None (consumers poll)."""
         return self.dialect.open_listener(self.engine)
@@ -469,6 +481,16 @@ class AsyncExecutor(SyncExecutor):
                 except _LockTaken:
                     pass
             return await_only(self._on_thread(functools.partial(use, threaded)))
+
+    def without_transaction(self, fn: Callable[[sa.Connection], T]) -> T:
+        """:meth:`SyncExecutor.without_transaction`, awaited: on SQLite on a
+        thread of the client's, on the sync engine its transactions use (a
+        ``VACUUM`` may take a while: the loop runs on meanwhile)."""
+        threaded = self._threaded
+        if threaded is None:
+            return super().without_transaction(fn)
+        with self._turn:
+            return await_only(self._on_thread(functools.partial(threaded.without_transaction, fn)))
 
     async def _on_thread(self, call: Callable[[], T]) -> T:
         if self._thread is None:

@@ -34,8 +34,9 @@ class Maintenance:
     def run_maintenance(self) -> None:
         """Run one pass of every maintenance job, synchronously.
 
-        The lease reaper, TTL purge, dead-letter retention, stats flush and
-        stats prune, and the cleanup of consumers that died. For tests, and
+        The lease reaper, TTL purge, dead-letter retention (and on SQLite a
+        bounded step of giving free pages back, see ``compact``), stats flush
+        and stats prune, and the cleanup of consumers that died. For tests, and
         for deployments that run maintenance from cron instead of calling
         :meth:`start`.
         """

@@ -1,4 +1,5 @@
-"""The operator's calls: counters and backlog, dead letters, browsing, replay, prune.
+"""The operator's calls: counters and backlog, dead letters, browsing, replay,
+prune, compact.
 
 :class:`Operations` holds them, over a client's :class:`~novaque._context.Context`;
 :class:`novaque.Client` composes one and forwards its calls to it. Reads never
@@ -30,26 +31,31 @@ from novaque._maintenance import Maintenance
 from novaque._stats import MINUTE_US, MINUTES_KEPT_US
 from novaque._time import to_us
 from novaque._waits import Waits
+from novaque.dialects import FileSpace
 from novaque.models import Backlog, ConsumerInfo, Counters, DeadLetter, MessageInfo
 from novaque.ops import browse, maintain, presence
 from novaque.ops._sql import BACKLOG, DEAD_PAGE
 from novaque.options import check_int, microseconds
 
-__all__ = ["BACKLOG", "DEAD_PAGE", "Operations"]
+__all__ = ["BACKLOG", "DEAD_PAGE", "Operations", "byte_size"]
 
 
 class Operations:
-    """Stats, backlog, dead letters, browsing, replay and prune (see the how-to
-    pages of docs/guide.md): a part of :class:`novaque.Client`, which forwards its calls.
+    """Stats, backlog, dead letters, browsing, replay, prune and compact (see the
+    how-to pages of docs/guide.md): a part of :class:`novaque.Client`, which
+    forwards its calls.
 
     It works through the client's context (``context``: its transactions,
     clock and options) and adds dead-letter retention to the purge pass of
-    the client's ``maintenance``.
+    the client's ``maintenance``, and on SQLite a bounded step of giving free
+    pages back to the file system.
     """
 
     def __init__(self, context: Context, maintenance: Maintenance) -> None:
         self._context = context
         maintenance.add_purge_pass(self.enforce_dead_retention)
+        if context.dialect.keeps_free_pages:
+            maintenance.add_purge_pass(self._return_free_pages)
 
     # -- counters -------------------------------------------------------------------------
 
@@ -537,6 +543,106 @@ class Operations:
                 "pruned %d messages published before %s", total, before.isoformat()
             )
         return total
+
+    # -- space ----------------------------------------------------------------------------------
+
+    def compact(self, *, full: bool = False) -> int:
+        """Give the database file's free space back to the file system (SQLite);
+        return how many bytes the database shrank by.
+
+        Deleted rows (acked messages past their TTL, pruned ones, dead
+        letters gone) leave free pages in an SQLite file: later writes reuse
+        them, but the file does not shrink by itself. Databases that
+        :meth:`migrate` (or ``novaque migrate``) creates are in SQLite's
+        incremental auto-vacuum mode, and maintenance gives their free pages
+        back a bounded number per pass; ``compact()`` gives back all of them
+        now, in transactions of that bounded size (other writers go in
+        between), then checkpoints the write-ahead log so that the file on
+        disk shrinks now and the log is emptied. On a database that is not in
+        incremental mode (created by an older novaque, or before novaque's
+        tables were added to it) it gives nothing back and logs a WARNING
+        saying how much ``full=True`` would.
+
+        ``full=True`` runs SQLite's ``VACUUM`` instead: the whole database is
+        rewritten without its free pages, and a database in SQLite's default
+        mode (none) is switched to incremental mode on the way, so that
+        maintenance keeps it compact from then on (one in full auto-vacuum
+        mode keeps it). It holds the write lock for its whole duration: every
+        writer, of this process or another, waits until it ends (novaque's
+        calls in this process wait their turn, other connections up to their
+        busy timeout, novaque's 30 s), which on a large file takes seconds or
+        more, and it needs free disk space about the size of the database
+        while it runs. Use it once on an older database, or after deleting
+        most of a large one.
+
+        PostgreSQL and MySQL/MariaDB manage their own space (autovacuum,
+        InnoDB): there ``compact`` does nothing and returns 0.
+        """
+        if not isinstance(full, bool):
+            raise TypeError(f"full must be True or False, got {type(full).__name__}")
+        context = self._context
+        dialect = context.dialect
+        if not dialect.keeps_free_pages:
+            return 0
+        context.ready()
+        if full:
+            freed = context.executor.without_transaction(dialect.vacuum)
+        else:
+            freed = sum(self._free_page_steps())
+        context.executor.without_transaction(dialect.checkpoint)
+        left = context.run_op("", maintain.space)
+        if left.free and not left.incremental:
+            context.log.warning(
+                "%s of free pages stay in the database file: it is not in SQLite's "
+                "incremental auto-vacuum mode (it was created by an older novaque, or "
+                "held tables before novaque's); compact(full=True) (novaque compact --full) "
+                "gives them back and switches it, holding the write lock while it rewrites "
+                "the file",
+                byte_size(left.free),
+            )
+        context.log.info("compacted the database: %s given back", byte_size(freed))
+        return freed
+
+    def _free_page_steps(self) -> Iterator[int]:
+        """Give the free pages back in transactions of the dialect's bounded
+        size, yielding how many bytes each gave back, until none is left; at
+        most as many steps as the pages free at the start need (writers may
+        free more meanwhile)."""
+        context = self._context
+        start = context.run_op("", maintain.space)
+        for _ in range(-(-start.free // start.step) if start.incremental else 0):
+            freed = context.run_op("", maintain.return_free_pages)
+            if not freed:
+                return
+            yield freed
+
+    def _space(self) -> FileSpace | None:
+        """The database file's size and free space; None where the database
+        manages its own (PostgreSQL, MySQL/MariaDB)."""
+        if not self._context.dialect.keeps_free_pages:
+            return None
+        return self._context.run_op("", maintain.space)
+
+    def _return_free_pages(self) -> int:
+        """Maintenance: give back one bounded step of the file's free pages
+        (SQLite in incremental auto-vacuum mode). Deletes no rows: returns 0."""
+        freed = self._context.run_op("", maintain.return_free_pages)
+        if freed:
+            self._context.log.debug("gave %d bytes of free pages back to the file system", freed)
+        return 0
+
+
+def byte_size(count: int) -> str:
+    """``count`` bytes as people read them: ``0 bytes``, ``512 bytes``,
+    ``4.0 KiB``, ``83.1 MiB``, ``1.2 GiB``."""
+    if count < 1024:
+        return f"{count} byte{'' if count == 1 else 's'}"
+    size, unit = count / 1024, "KiB"
+    for larger in ("MiB", "GiB", "TiB"):
+        if size < 1024:
+            break
+        size, unit = size / 1024, larger
+    return f"{size:.1f} {unit}"
 
 
 class _Pace:

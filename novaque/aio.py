@@ -344,6 +344,7 @@ class AsyncClient:
     replay = _bridged(Client.replay)
     replay_range = _bridged(Client.replay_range)
     prune = _bridged(Client.prune)
+    compact = _bridged(Client.compact)
 
 
 def _callers(

@@ -35,7 +35,7 @@ class Client(CoreClient):
     def __init__(self, engine: sa.Engine, options: Options | None = None) -> None:
         super().__init__(engine, options)
         #: The operator's calls (counters, backlog, dead letters, browsing,
-        #: replay, prune), forwarded to below.
+        #: replay, prune, compact), forwarded to below.
         self._operations = Operations(self._context, self._maintenance)
         #: Consumers, the maintenance loop and wake-ups, forwarded to below.
         self._runtime = Runtime(parts_of(self))
@@ -79,6 +79,7 @@ class Client(CoreClient):
     replay = forward("_operations", Operations.replay)
     replay_range = forward("_operations", Operations.replay_range)
     prune = forward("_operations", Operations.prune)
+    compact = forward("_operations", Operations.compact)
 
     # -- accessors ----------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import urllib.error
@@ -472,6 +473,124 @@ def test_cancel_a_scheduled_message(db: Path) -> None:
     assert ok(run("cancel", message_id, cwd=db)).startswith("cancelled 0 ")
     assert "message 999999 does not exist" in one_line_error(run("cancel", "999999", cwd=db))
     assert run("cancel", "x", cwd=db).returncode == 2
+
+
+#: A size as the commands print it: ``0 bytes``, ``124.0 KiB``, ``83.1 MiB``.
+SIZE = r"\d+ bytes?|\d+\.\d [KMGT]iB"
+
+
+def compact_sample() -> list[tuple[str, list[str]]]:
+    """The commands of docs/cli.md's ``compact`` transcript (what follows
+    ``novaque``, without the comment) and the lines each shows. What it prints
+    depends on the database and on the file's layout, so the transcript test
+    of docs/cli.md leaves it out: the tests here check each line instead."""
+    text = (ROOT / "docs" / "cli.md").read_text()
+    block = re.search(r"```console\n(.*?)```", text[text.index("## `compact`") :], re.S)
+    assert block is not None
+    commands: list[tuple[str, list[str]]] = []
+    for line in block[1].splitlines():
+        if line.startswith("$ novaque "):
+            commands.append((line.removeprefix("$ novaque ").partition("#")[0].strip(), []))
+        else:
+            commands[-1][1].append(line)
+    return commands
+
+
+def shown_as(sample: list[str], lines: list[str]) -> list[list[str]]:
+    """``lines`` read against the ``sample`` lines that show them, sizes
+    aside: the sizes of each line (or AssertionError, naming the line)."""
+    assert len(lines) == len(sample), (lines, sample)
+    sizes = []
+    for shown, line in zip(sample, lines, strict=True):
+        parts = re.split(f"(?:{SIZE})", shown)
+        pattern = f"({SIZE})".join(re.escape(part) for part in parts)
+        found = re.fullmatch(pattern, line)
+        assert found is not None, f"{line!r} is not shown as {shown!r}"
+        sizes.append(list(found.groups()))
+    return sizes
+
+
+def printed(result: subprocess.CompletedProcess[str]) -> list[str]:
+    """What a command that succeeded left on a terminal: its notices on stderr
+    come before its result on stdout."""
+    assert result.returncode == 0, result.stderr
+    return result.stderr.splitlines() + result.stdout.splitlines()
+
+
+def auto_vacuum(path: Path) -> int:
+    raw = sqlite3.connect(path)
+    try:
+        return int(raw.execute("PRAGMA auto_vacuum").fetchone()[0])
+    finally:
+        raw.close()
+
+
+def leave_free_pages(path: Path, count: int = 2_000) -> None:
+    """Publish ``count`` messages of 4 KiB, pop them and prune them: the pages
+    they took stay free in the file."""
+    client = novaque.connect(f"sqlite:///{path}")
+    try:
+        client.ensure_channel("bulk", "drain")
+        client.publish_many("bulk", [os.urandom(4096)] * count)
+        while client.pop("bulk", "drain", max_messages=1000):
+            pass
+        assert client.prune(datetime.now(timezone.utc) + timedelta(days=1)) == count
+    finally:
+        client.shutdown()
+
+
+def mib(size: str) -> float:
+    number, unit = size.split()
+    return float(number) / {"bytes": 2**20, "byte": 2**20, "KiB": 1024, "MiB": 1}[unit]
+
+
+#: At least the bodies of the messages :func:`leave_free_pages` leaves behind.
+BODIES_MIB = 2_000 * 4096 / 2**20
+
+
+def test_compact_gives_the_space_back_as_docs_cli_md_shows(db: Path) -> None:
+    (plain, shown), *_ = compact_sample()
+    assert plain == "compact"
+    path = db / "novaque.db"
+    assert auto_vacuum(path) == 2  # `novaque migrate` made it incremental
+    leave_free_pages(path)
+    ((freed, now),) = shown_as(shown, printed(run(*plain.split(), cwd=db)))
+    assert mib(freed) >= BODIES_MIB
+    assert mib(now) < 1
+    assert path.stat().st_size < 2**20
+    assert run("compact", "now", cwd=db).returncode == 2
+
+
+def test_compact_of_an_older_database_needs_full_as_docs_cli_md_shows(tmp_path: Path) -> None:
+    """A file that held a table before novaque's (or an older novaque's) keeps
+    SQLite's default mode: compact says so, --full switches it."""
+    _, (plain, shown_plain), (full, shown_full), _ = compact_sample()
+    assert (plain, full) == ("--url sqlite:///older.db compact", f"{plain} --full")
+    path = tmp_path / "older.db"
+    raw = sqlite3.connect(path)
+    raw.execute("CREATE TABLE app_things (id INTEGER PRIMARY KEY)")
+    raw.close()
+    ok(run("--url", "sqlite:///older.db", "migrate", cwd=tmp_path))
+    assert auto_vacuum(path) == 0
+    leave_free_pages(path)
+    (stay,), (freed, size) = shown_as(shown_plain, printed(run(*plain.split(), cwd=tmp_path)))
+    assert mib(stay) >= BODIES_MIB
+    assert freed == "0 bytes"
+    (rewritten,), (freed, now) = shown_as(shown_full, printed(run(*full.split(), cwd=tmp_path)))
+    assert rewritten == size
+    assert mib(freed) >= BODIES_MIB
+    assert mib(now) < 1
+    assert auto_vacuum(path) == 2
+
+
+@pytest.mark.parametrize("backend", ["postgres", "mysql"], indirect=True)
+def test_compact_leaves_the_servers_alone_as_docs_cli_md_shows(backend: Backend) -> None:
+    *_, (command, shown) = compact_sample()
+    assert command == "--url postgresql+psycopg://app:secret@db/app compact"
+    family = {"postgres": "PostgreSQL", "mysql": "MySQL"}[backend.name]
+    for full in ([], ["--full"]):
+        lines = printed(run("compact", *full, cwd=Path.cwd(), url=backend.url))
+        assert lines == [line.replace("PostgreSQL", family) for line in shown]
 
 
 @pytest.mark.parametrize("backend", ["postgres", "mysql"], indirect=True)  # SQLite: above

@@ -340,6 +340,5 @@ def test_the_docs_django_project_publishes_and_consumes(tmp_path: Path) -> None:
             proc.wait(timeout=60)
     assert proc.returncode == 0, out + err
     assert "novaque: consuming orders/mailer (shop.handlers.send_confirmation)" in out
-    assert out.splitlines()[: len(shown["python manage.py novaque run"])] == (
-        shown["python manage.py novaque run"]
-    )
+    started = shown["python manage.py novaque run"]
+    assert out.splitlines()[: len(started)] == started

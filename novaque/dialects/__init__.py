@@ -20,7 +20,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from novaque.dialects.base import NOTIFY_CHANNEL, ClaimedRow, Dialect, NotifyListener, on_index
+from novaque.dialects.base import (
+    NOTIFY_CHANNEL,
+    ClaimedRow,
+    Dialect,
+    FileSpace,
+    NotifyListener,
+    on_index,
+)
 from novaque.dialects.engines import (
     class_for,
     create_engine,
@@ -40,6 +47,7 @@ __all__ = [
     "NOTIFY_CHANNEL",
     "ClaimedRow",
     "Dialect",
+    "FileSpace",
     "ListenNotDelivered",
     "MySQLDialect",
     "NotifyListener",

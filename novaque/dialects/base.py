@@ -18,7 +18,7 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
@@ -398,6 +398,23 @@ def core(link: Link) -> sa.Connection:
     :meth:`Dialect.driver_ops` are ever handed a :class:`Driver`."""
     assert isinstance(link, sa.Connection), "no driver form of this operation"
     return link
+
+
+class FileSpace(NamedTuple):
+    """A database file's size and free space (:meth:`Dialect.space`)."""
+
+    #: Bytes in the database's pages (the file's size once its write-ahead log
+    #: is checkpointed).
+    size: int
+    #: Bytes of those in free pages: space that deleted rows left, reused by
+    #: later writes before the file grows.
+    free: int
+    #: Whether free pages can be given back a few at a time (SQLite's
+    #: incremental auto-vacuum), rather than only by rewriting the whole file.
+    incremental: bool
+    #: Bytes of free pages that one step of :meth:`Dialect.return_free_pages`
+    #: gives back at most.
+    step: int
 
 
 class Dialect:
@@ -869,6 +886,38 @@ class Dialect:
     def _insert(self, table: sa.Table) -> Any:
         """The dialect's own INSERT construct (with its upsert clauses)."""
         raise NotImplementedError
+
+    # -- space ----------------------------------------------------------------------
+
+    #: Whether the database file keeps the pages that deleted rows leave free
+    #: until it is asked to give them back (SQLite: :meth:`return_free_pages`,
+    #: :meth:`vacuum`). PostgreSQL (autovacuum) and MySQL/MariaDB (InnoDB)
+    #: reuse and manage that space themselves: nothing is asked of them.
+    keeps_free_pages: ClassVar[bool] = False
+
+    def space(self, conn: sa.Connection) -> FileSpace:
+        """How big the database file is and how much of it is free, where
+        :attr:`keeps_free_pages`."""
+        raise NotImplementedError(f"{self.name} manages its own space")
+
+    def return_free_pages(self, conn: sa.Connection) -> int:
+        """Give a bounded number of the file's free pages back to the file
+        system, in the caller's write transaction, where :attr:`keeps_free_pages`;
+        return how many bytes the database shrank by (0: none free, or free
+        pages that only :meth:`vacuum` can give back)."""
+        raise NotImplementedError(f"{self.name} manages its own space")
+
+    def vacuum(self, conn: sa.Connection) -> int:
+        """Rewrite the whole database without its free pages, on ``conn``
+        outside any transaction, where :attr:`keeps_free_pages`; return how
+        many bytes it shrank by."""
+        raise NotImplementedError(f"{self.name} manages its own space")
+
+    def checkpoint(self, conn: sa.Connection) -> None:
+        """Let the file shrink now, on ``conn`` outside any transaction, where
+        :attr:`keeps_free_pages` (SQLite: copy the write-ahead log into the
+        file and empty the log)."""
+        raise NotImplementedError(f"{self.name} manages its own space")
 
 
 def _driver_sql(

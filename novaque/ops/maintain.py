@@ -360,3 +360,19 @@ def prune_stats(
     conn.execute(sa.delete(minute_stats).where(minute_stats.c.minute < first_minute_kept))
     result: int = conn.execute(sa.delete(stats).where(stats.c.day < first_kept)).rowcount
     return result
+
+
+# -- space ------------------------------------------------------------------------------
+
+
+def space(conn: sa.Connection, dialect: dialects.Dialect) -> dialects.FileSpace:
+    """The database file's size and free space (where the dialect
+    ``keeps_free_pages``)."""
+    return dialect.space(conn)
+
+
+def return_free_pages(conn: sa.Connection, dialect: dialects.Dialect) -> int:
+    """Give a bounded number of the database file's free pages back to the
+    file system (where the dialect ``keeps_free_pages``); how many bytes the
+    database shrank by."""
+    return dialect.return_free_pages(conn)
