@@ -6,10 +6,11 @@ the parts of its core (:class:`~novaque._core.Parts`; the client forwards to it)
 - ``subscribe`` / ``subscribe_and_start``, which make :class:`~novaque.Consumer`
   objects;
 - ``start`` / ``shutdown`` / ``with client:``: one maintenance loop that runs
-  the lease reaper, the TTL purge with dead-letter retention, the stats
-  flush, the stats prune and the cleanup of consumers that died at their
-  intervals. Every job is safe to run in many processes at once; a
-  failure is logged at ERROR and the job is tried again after a backoff;
+  the lease reaper, the TTL purge with dead-letter retention (and on SQLite
+  a step of giving free pages back), the stats flush, the stats prune and
+  the cleanup of consumers that died at their intervals. Every job is safe
+  to run in many processes at once; a failure is logged at ERROR and the job
+  is tried again after a backoff;
 - one wake-up connection per client that wakes the local consumers and long
   polls (``claim(wait=)``, ``pop(wait=)``) of a topic that got deliveries
   from elsewhere, held while any of them runs: PostgreSQL's ``LISTEN``
@@ -411,11 +412,11 @@ class Runtime:
         """Start the background maintenance in this process (idempotent).
 
         One loop (a thread; a task on the asyncio twin) runs the lease
-        reaper every ``reap_interval``, the TTL purge and dead-letter
-        retention every ``purge_interval``, the stats flush every
-        ``stats_flush_interval``, the stats prune every
-        ``stats_prune_interval`` and the cleanup of consumers that died every
-        ``consumer_heartbeat``. Running it in many processes at once is
+        reaper every ``reap_interval``, the TTL purge with dead-letter
+        retention (and on SQLite a step of giving free pages back) every
+        ``purge_interval``, the stats flush every ``stats_flush_interval``,
+        the stats prune every ``stats_prune_interval`` and the cleanup of
+        consumers that died every ``consumer_heartbeat``. Running it in many processes at once is
         safe. A failing job is tried again after a backoff; a run of failures
         (the database unreachable, say) is logged once at ERROR where it
         starts and once at INFO where it ends. Consumers are started on
