@@ -291,9 +291,10 @@ class SyncExecutor:
         """A connection that receives the dialect's wake-ups, or None (consumers poll)."""
         return self.dialect.open_listener(self.engine)
 
-    def open_watcher(self, interval: float) -> NotifyListener:
-        """The dialect's change watcher, looking every ``interval`` seconds."""
-        return self.dialect.open_watcher(self.engine, interval)
+    def open_watcher(self, interval: float, idle_interval: float | None = None) -> NotifyListener:
+        """The dialect's change watcher, looking every ``interval`` seconds
+        (every ``idle_interval`` while there is no news)."""
+        return self.dialect.open_watcher(self.engine, interval, idle_interval=idle_interval)
 
     def detached(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` from outside the client's runtime (at interpreter exit)."""
@@ -515,15 +516,17 @@ class AsyncExecutor(SyncExecutor):
     def open_listener(self) -> NotifyListener | None:
         return self.dialect.open_listener(self.engine, awaited=True)
 
-    def open_watcher(self, interval: float) -> NotifyListener:
+    def open_watcher(self, interval: float, idle_interval: float | None = None) -> NotifyListener:
         """On SQLite the sync watcher, run on a thread of its own (every look
         through aiosqlite would be about four thread hops, every few
         milliseconds): the loop only awaits what a wait found. Elsewhere the
         dialect's watcher, its statements and pauses awaited on the loop."""
         threaded = self._threaded
         if threaded is None:
-            return self.dialect.open_watcher(self.engine, interval, awaited=True)
-        return _ThreadedListener(functools.partial(threaded.open_watcher, interval))
+            return self.dialect.open_watcher(
+                self.engine, interval, idle_interval=idle_interval, awaited=True
+            )
+        return _ThreadedListener(functools.partial(threaded.open_watcher, interval, idle_interval))
 
     def detached(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on an event loop of its own, once the application's loop is
@@ -643,6 +646,9 @@ class _ThreadedListener:
 
     def interrupt(self) -> None:
         self._listener.interrupt()
+
+    def hurry(self) -> None:
+        self._listener.hurry()  # it only writes to a socket, as interrupt does
 
     def close(self) -> None:
         self._listener.interrupt()  # a wait still running ends first

@@ -16,8 +16,11 @@ the parts of its core (:class:`~novaque._core.Parts`; the client forwards to it)
   from elsewhere, held while any of them runs: PostgreSQL's ``LISTEN``
   (the server pushes ``NOTIFY``), or on SQLite and MySQL/MariaDB the change
   watcher, which looks for new deliveries every ``Options.watch_interval``
-  (``None``: none, consumers poll; ``Options.listen=False``: no wake-up
-  connection at all). It reconnects when the connection drops
+  while messages move and backs off to every ``Options.watch_idle_interval``
+  when none do (``watch_interval=None``: none, consumers poll;
+  ``Options.listen=False``: no wake-up connection at all). Consumers' claims
+  and long polls' fetches that get messages tell it (:meth:`Runtime.messages_moving`).
+  It reconnects when the connection drops
   and then wakes every one once, since a wake-up may have been missed. A
   ``LISTEN`` that cannot be delivered (PgBouncer's transaction pooling) is
   reported once, and the client's consumers poll from then on.
@@ -121,6 +124,10 @@ class Runtime:
         self.watch_s: float | None = None
         if context.dialect.supports_watch and interval is not None:
             self.watch_s = watch_interval(interval, "Options.watch_interval")
+        #: Its interval once nothing moved for a while (``Options.watch_idle_interval``).
+        self.watch_idle_s = watch_interval(
+            context.options.watch_idle_interval, "Options.watch_idle_interval", idle=True
+        )
         # Counters of a client that runs no maintenance (a process that only
         # publishes) are flushed by a loop of their own while there are any.
         self._flusher_lock = threading.Lock()
@@ -301,8 +308,11 @@ class Runtime:
             while True:
                 got = fetch()
                 signals.bump("long_poll_fetches")
+                if got:
+                    self.messages_moving()
+                    return got
                 left = deadline - time.monotonic()
-                if got or left <= 0:
+                if left <= 0:
                     return got
                 # A wake-up since the waker was added (during the fetch, or
                 # the listener's first one, before it) ends the wait at once;
@@ -325,10 +335,18 @@ class Runtime:
             run = self.listening = _Listening(self._waits.event())
             run.loop = self._waits.spawn(lambda: self._listen_loop(run), "novaque-listener")
 
+    def messages_moving(self) -> None:
+        """Messages move in this process (a claim or a fetch got some): the
+        change watcher looks every ``watch_interval`` again (more may follow)."""
+        run = self.listening
+        conn = None if run is None else run.conn
+        if conn is not None:
+            conn.hurry()
+
     def _open_listener(self) -> NotifyListener | None:
         executor = self.context.executor
         if self.watch_s is not None:
-            return executor.open_watcher(self.watch_s)
+            return executor.open_watcher(self.watch_s, self.watch_idle_s)
         return executor.open_listener()
 
     def _listen_loop(self, run: _Listening) -> None:

@@ -104,6 +104,9 @@ class ConsumerRuntime(Protocol):
 
     def consumer_stopped(self, consumer: Consumer) -> None: ...
 
+    def messages_moving(self) -> None:
+        """The consumer claimed messages (the change watcher looks often again)."""
+
 
 #: First and largest wait (seconds) after a database error in a background loop.
 ERROR_DELAY_FIRST_S = 0.1
@@ -420,6 +423,7 @@ class Consumer:
                 idle = min(idle * 2, self.poll_interval)
                 continue
             idle = first_idle
+            self._runtime.messages_moving()
             self._signals.bump("claimed", len(got))
             with self._lock:
                 working = not self._stop_claiming.is_set()

@@ -112,8 +112,13 @@ class Options:
     novaque uses the database server's clock (docs/reference.md, "Time").
     ``watch_interval`` is how often the change watcher of SQLite and
     MySQL/MariaDB looks for new deliveries of other processes while consumers
-    or long polls wait (``None``: no watcher, they poll every
-    ``poll_interval``); PostgreSQL is woken by ``NOTIFY`` instead.
+    or long polls wait and messages move (``None``: no watcher, they poll
+    every ``poll_interval``); PostgreSQL is woken by ``NOTIFY`` instead.
+    ``watch_idle_interval`` is how often it looks once nothing moved for a
+    while (ten times that: one second by default), backing off step by step
+    from ``watch_interval``, so that an idle client sends at most
+    ``1 / watch_idle_interval`` looks a second (10); at or below
+    ``watch_interval``, it always looks every ``watch_interval``.
     ``sqlite_on_loop`` concerns the asyncio twin on SQLite only: True runs
     each of novaque's transactions on the event loop's thread while no other
     connection holds the file's write lock (a sync call of a few hundred
@@ -159,6 +164,7 @@ class Options:
     dead_letter_expired: bool = False
     consumer_heartbeat: Duration = 10.0
     watch_interval: Duration | None = 0.002
+    watch_idle_interval: Duration = 0.1
     sqlite_on_loop: bool = True
     listen: bool = True
     transaction_timeout: Duration | None = 30.0
@@ -187,6 +193,7 @@ class Options:
             check_int(getattr(self, name), f"Options.{name}", low, high)
         if self.watch_interval is not None:
             watch_interval(self.watch_interval, "Options.watch_interval")
+        watch_interval(self.watch_idle_interval, "Options.watch_idle_interval", idle=True)
         if self.dead_max_count is not None:
             check_int(self.dead_max_count, "Options.dead_max_count", 0, MAX_INT32)
         if self.dead_max_bytes is not None:
@@ -219,18 +226,22 @@ def check_int(value: object, name: str, low: int, high: int | None = None) -> in
     return value
 
 
-def watch_interval(value: Duration, name: str = "watch_interval") -> float:
-    """The change watcher's interval in seconds: > 0 and at most :data:`MAX_WATCH_S`."""
-    result = seconds(
-        value,
-        name,
-        allow_zero=False,
-        hint="; None turns the change watcher off (consumers then poll every poll_interval)",
-    )
+def watch_interval(value: Duration, name: str = "watch_interval", *, idle: bool = False) -> float:
+    """One of the change watcher's intervals in seconds: > 0 and at most
+    :data:`MAX_WATCH_S` (``idle``: ``watch_idle_interval``, which cannot be None)."""
+    off = "None turns the change watcher off"
+    hint = f"; {off} (consumers then poll every poll_interval)"
+    if idle:
+        off = "watch_interval=None turns the change watcher off"
+        hint = (
+            f"; allowed: > 0 and at most {MAX_WATCH_S:.15g} s, and one at or below "
+            f"watch_interval keeps the watcher looking every watch_interval ({off})"
+        )
+    result = seconds(value, name, allow_zero=False, hint=hint)
     if result > MAX_WATCH_S:
         raise InvalidOption(
             f"{name} is {result:.15g} s; the limit is {MAX_WATCH_S:.15g} s (a watcher that "
-            "looks less often than consumers poll wakes nobody early; None turns it off)"
+            f"looks less often than consumers poll wakes nobody early; {off})"
         )
     return result
 

@@ -388,6 +388,7 @@ def test_a_positive_duration_that_rounds_to_0_us_is_refused(
         "consumer_heartbeat",
         "dead_max_age",
         "watch_interval",
+        "watch_idle_interval",
     ],
 )
 def test_options_refuse_a_positive_duration_that_rounds_to_0_us(field: str) -> None:

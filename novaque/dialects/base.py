@@ -68,6 +68,12 @@ class NotifyListener(Protocol):
         """Make a :meth:`wait` in another thread return at once."""
         ...
 
+    def hurry(self) -> None:
+        """Messages move in this process: a listener that looks on a schedule
+        (the change watcher) looks often again. Called from any thread; one
+        the server wakes (``LISTEN``) ignores it."""
+        ...
+
     def close(self) -> None:
         """Close the connection (safe to call twice, and on a broken connection)."""
         ...
@@ -661,11 +667,18 @@ class Dialect:
         return None
 
     def open_watcher(
-        self, engine: sa.Engine, interval: float, *, awaited: bool = False
+        self,
+        engine: sa.Engine,
+        interval: float,
+        *,
+        idle_interval: float | None = None,
+        awaited: bool = False,
     ) -> NotifyListener:
         """A connection to ``engine``'s database that looks every ``interval``
         seconds for deliveries committed by others and returns their topics
-        (:mod:`~novaque.dialects.watch`), where :attr:`supports_watch`.
+        (:mod:`~novaque.dialects.watch`), where :attr:`supports_watch`; less
+        often while there is no news, down to every ``idle_interval`` (None:
+        always every ``interval``).
 
         Raises if the database cannot be reached. ``awaited``: as for
         :meth:`open_listener`.

@@ -165,6 +165,9 @@ class _PostgresListener:
         with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
 
+    def hurry(self) -> None:
+        """Nothing to do: the server wakes this one."""
+
     def close(self) -> None:
         if self._conn is not None:
             with contextlib.suppress(Exception):

@@ -356,9 +356,14 @@ class MySQLDialect(Dialect):
         self.slices = CLAIM_SLICES if on and provider not in ("", "none") else 0
 
     def open_watcher(
-        self, engine: sa.Engine, interval: float, *, awaited: bool = False
+        self,
+        engine: sa.Engine,
+        interval: float,
+        *,
+        idle_interval: float | None = None,
+        awaited: bool = False,
     ) -> NotifyListener:
-        return MySQLWatcher(engine, interval, awaited=awaited)
+        return MySQLWatcher(engine, interval, idle_interval=idle_interval, awaited=awaited)
 
     # The message fields come with the locking read, through primary-key
     # subqueries: InnoDB locks only the rows of the outer query (a locking

@@ -215,9 +215,14 @@ class SQLiteDialect(Dialect):
             )
 
     def open_watcher(
-        self, engine: sa.Engine, interval: float, *, awaited: bool = False
+        self,
+        engine: sa.Engine,
+        interval: float,
+        *,
+        idle_interval: float | None = None,
+        awaited: bool = False,
     ) -> NotifyListener:
-        return SQLiteWatcher(engine, interval, awaited=awaited)
+        return SQLiteWatcher(engine, interval, idle_interval=idle_interval, awaited=awaited)
 
     def is_retryable(self, exc: DBAPIError) -> bool:
         text = str(exc.orig).lower()

@@ -21,6 +21,33 @@ again at once after a batch) or poll, not by the watcher.
 Every read is a transaction by itself (autocommit): on SQLite a read held open
 would pin the WAL (no checkpoint could pass it), and on MySQL a REPEATABLE
 READ snapshot would never see anything new.
+
+How often it looks (:class:`Pace`): every ``interval`` (``Options.watch_interval``,
+2 ms) while messages move, less and less often as they stop, down to every
+``idle_interval`` (``Options.watch_idle_interval``, 100 ms) when nothing
+moved for a while. After a look that found nothing, the watcher waits a tenth
+of the time since the last news (:data:`QUIET_SHARE`), but at least
+``interval`` and at most ``idle_interval``: the waits grow geometrically,
+each about 1.1 times the one before. News is a look that found new
+deliveries (of any topic), or a hint of the process that messages move in it
+(:meth:`ChangeWatcher.hurry`: a consumer's claim or a long poll's fetch that
+got messages); it makes the watcher look every ``interval`` again, at once
+(a hint ends a long wait). So:
+
+- a steady stream of deliveries up to 10 ``interval`` apart (20 ms by
+  default) is seen within ``interval`` of each, as without any back-off;
+  one with longer gaps within a tenth of the gap;
+- the first delivery after a quiet spell of at least 10 ``idle_interval``
+  (one second by default) is seen within ``idle_interval``, once; those that
+  follow it closely, within ``interval`` again;
+- an idle client looks ``1 / idle_interval`` times a second: on MySQL one
+  ``SELECT MAX(id)`` each (10 statements a second by default, against 500 at
+  2 ms), on SQLite a ``PRAGMA data_version``, a read of the file's WAL index
+  in the process (no server). From the last news, it takes about 50 looks to
+  get there (10 at ``interval``, 40 growing).
+
+An ``idle_interval`` at or below ``interval`` keeps it at ``interval``
+always (no back-off).
 """
 
 from __future__ import annotations
@@ -29,6 +56,7 @@ import contextlib
 import select
 import socket
 import time
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
@@ -44,6 +72,39 @@ _TOPICS_SINCE = (
 )
 _NEWEST = f"SELECT MAX(id) FROM {deliveries.name}"
 
+#: After a look that found nothing, the watcher waits this share of the time
+#: since its last news (within its two intervals): a delivery after a quiet
+#: spell is seen within a tenth of that spell.
+QUIET_SHARE = 0.1
+
+
+class Pace:
+    """When the change watcher looks next: every ``interval`` after news, then
+    less and less often, down to every ``idle_interval``.
+
+    A pure schedule: it reads no clock, every call is told the time (seconds
+    on one monotonic scale), so the schedule is tested without waiting.
+    """
+
+    def __init__(self, interval: float, idle_interval: float, now: float) -> None:
+        self.interval = interval
+        #: The longest wait (never below ``interval``: no back-off then).
+        self.idle_interval = max(idle_interval, interval)
+        #: When the last news came (the start counts as news: something may
+        #: have been published while nobody watched).
+        self.news_at = now
+
+    def news(self, now: float) -> None:
+        """News at ``now`` (new deliveries found, or messages moving in the
+        process): look every ``interval`` again."""
+        self.news_at = max(self.news_at, now)
+
+    def wait(self, now: float) -> float:
+        """Seconds to wait after a look at ``now`` that found nothing: a tenth
+        of the quiet time since the last news, within the two intervals."""
+        quiet = max(0.0, now - self.news_at)
+        return min(self.idle_interval, max(self.interval, quiet * QUIET_SHARE))
+
 
 class ChangeWatcher:
     """A :class:`~novaque.dialects.NotifyListener` that polls one connection.
@@ -52,20 +113,42 @@ class ChangeWatcher:
     driver spells a parameter. The connection is opened the way the engine
     opens its own (its ``connect_args``, ``creator`` and connect events: the
     pragmas on SQLite), then detached from the pool for good and switched to
-    autocommit. Waits between looks are a ``select`` on a private socket pair,
-    so :meth:`interrupt` ends one at once; ``awaited``: for the asyncio twin,
-    inside SQLAlchemy's greenlet bridge, every statement and wait awaited.
+    autocommit. It looks every ``interval`` seconds while there is news and
+    backs off to every ``idle_interval`` (None: ``interval``) when there is
+    none (:class:`Pace`). Waits between looks are a ``select`` on a private
+    socket pair, so :meth:`interrupt` ends one at once, and so does
+    :meth:`hurry` one longer than ``interval``; ``awaited``: for the asyncio
+    twin, inside SQLAlchemy's greenlet bridge, every statement and wait
+    awaited.
     """
 
     #: The driver's parameter marker.
     param: ClassVar[str] = "?"
 
-    def __init__(self, engine: sa.Engine, interval: float, *, awaited: bool = False) -> None:
+    def __init__(
+        self,
+        engine: sa.Engine,
+        interval: float,
+        *,
+        idle_interval: float | None = None,
+        awaited: bool = False,
+    ) -> None:
         self.interval = interval
         self._awaited = awaited
         self._topics_since = _TOPICS_SINCE.format(param=self.param)
         self._wake_r, self._wake_w = socket.socketpair()
         self._conn: Any = None
+        #: The clock of the schedule (tests replace it, and :meth:`_pause`).
+        self._clock: Callable[[], float] = time.monotonic
+        idle = interval if idle_interval is None else idle_interval
+        self.pace = Pace(interval, idle, self._clock())
+        #: :meth:`interrupt` was called; :meth:`hurry` was; the wait now under
+        #: way is longer than ``interval`` (a hurry ends it).
+        self._interrupted = False
+        self._hurried = False
+        self._slow = False
+        #: Statements sent on the connection so far.
+        self.statements = 0
         #: The highest delivery id seen: only deliveries above it are news.
         self.last = 0
         try:
@@ -95,6 +178,7 @@ class ChangeWatcher:
     def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         cursor = self._conn.cursor()
         try:
+            self.statements += 1
             cursor.execute(sql, params)
             # Read to the end: a statement left unfinished would keep its
             # read transaction open on SQLite.
@@ -112,13 +196,31 @@ class ChangeWatcher:
         return [str(row[0]) for row in found]
 
     def wait(self, timeout: float) -> list[str]:
-        deadline = time.monotonic() + timeout
+        """Look, and look again on :attr:`pace`'s schedule, until a look finds
+        something or ``timeout`` seconds passed (or :meth:`interrupt`)."""
+        now = self._clock()
+        deadline = now + timeout
         while True:
+            if self._hurried:
+                self._hurried = False
+                self.pace.news(now)
             found = self.look()
+            now = self._clock()
             if found:
+                self.pace.news(now)
                 return found
-            left = deadline - time.monotonic()
-            if left <= 0 or self._pause(min(self.interval, left)):
+            left = deadline - now
+            if left <= 0:
+                return []
+            pause = min(self.pace.wait(now), left)
+            self._slow = pause > self.interval
+            try:
+                woken = self._pause(pause)
+            finally:
+                self._slow = False
+            now = self._clock()
+            if woken and self._interrupted:
+                self._interrupted = False
                 return []
 
     def _pause(self, timeout: float) -> bool:
@@ -135,6 +237,18 @@ class ChangeWatcher:
         return woken
 
     def interrupt(self) -> None:
+        self._interrupted = True
+        self._send()
+
+    def hurry(self) -> None:
+        """Messages move in this process: look every ``interval`` again, and
+        end a wait longer than that now (a wait of ``interval`` runs on: its
+        look comes soon enough)."""
+        self._hurried = True
+        if self._slow:
+            self._send()
+
+    def _send(self) -> None:
         with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
 
