@@ -57,9 +57,13 @@ class _Traced:
             self.by_connection.append(seen)
         dbapi_conn.set_trace_callback(seen.append)
 
-    def counts(self) -> list[int]:
+    def counts(self) -> tuple[int, int]:
+        """Every statement so far, and those of the change watcher's connection
+        (the one that reads ``PRAGMA data_version``)."""
         with self._lock:
-            return [len(seen) for seen in self.by_connection]
+            runs = [list(seen) for seen in self.by_connection]
+        watchers = [seen for seen in runs if "PRAGMA data_version" in seen]
+        return sum(len(seen) for seen in runs), sum(len(seen) for seen in watchers)
 
     def close(self) -> None:
         sa.event.remove(sa.engine.Engine, "connect", self._connected)
@@ -182,13 +186,8 @@ def measure_sqlite(twins: list[str], settle: float, seconds: float) -> list[dict
             traced = _Traced()
             try:
 
-                def counts(traced: _Traced = traced) -> tuple[int, int]:
-                    found = traced.counts()
-                    # The watcher's connection: the one that looked most often.
-                    return sum(found), max(found, default=0)
-
-                def measure(counts: Callable[[], tuple[int, int]] = counts) -> dict[str, float]:
-                    return _window(seconds, counts, None)
+                def measure(traced: _Traced = traced) -> dict[str, float]:
+                    return _window(seconds, traced.counts, None)
 
                 figures = _run_client(twin, db.url, settle, measure)
             finally:

@@ -3,7 +3,7 @@
 Neither database pushes a wake-up to another connection (PostgreSQL's
 ``NOTIFY``, :mod:`~novaque.dialects.listen`). A watcher holds one connection
 of its own per client (outside the pool, like the LISTEN connection) and looks
-every ``interval`` seconds at a marker that is cheap to read and changes when
+often (how often: below) at a marker that is cheap to read and changes when
 another connection commits: SQLite's ``PRAGMA data_version`` (a read of the
 WAL index header, microseconds), MySQL's ``MAX(id)`` of the deliveries (one
 dive into the primary key). Only when it changed does it read which topics got
@@ -46,8 +46,11 @@ got messages); it makes the watcher look every ``interval`` again, at once
   in the process (no server). From the last news, it takes about 50 looks to
   get there (10 at ``interval``, 40 growing).
 
-An ``idle_interval`` at or below ``interval`` keeps it at ``interval``
-always (no back-off).
+A publish in the process wakes the local consumers of its topic without the
+watcher (the client's ``_wake``), and is no hint by itself: after a quiet
+second, a request published here whose reply comes from another process
+gets that reply seen within ``idle_interval``. An ``idle_interval`` at or
+below ``interval`` keeps the watcher at ``interval`` always (no back-off).
 """
 
 from __future__ import annotations
