@@ -30,6 +30,7 @@ from novaque.errors import (
     MessageTooLarge,
     NovaqueError,
     Reject,
+    ScheduleNotFound,
     SchemaOutOfDate,
     Snooze,
     TopicNotFound,
@@ -44,6 +45,7 @@ from novaque.models import (
     DeliveryInfo,
     Message,
     MessageInfo,
+    ScheduleInfo,
 )
 from novaque.options import Backoff, Options
 
@@ -91,6 +93,8 @@ __all__ = [
     "NovaqueError",
     "Options",
     "Reject",
+    "ScheduleInfo",
+    "ScheduleNotFound",
     "SchemaOutOfDate",
     "Snooze",
     "TopicNotFound",

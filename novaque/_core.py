@@ -24,6 +24,7 @@ from novaque._context import Context, transaction_timeout
 from novaque._executor import SyncExecutor
 from novaque._maintenance import Maintenance
 from novaque._publishing import Publishing
+from novaque._schedules import Schedules
 from novaque._topology import Topology
 from novaque._waits import THREADS, Waits
 from novaque.options import Options
@@ -146,6 +147,7 @@ class CoreClient:
         self._topology = Topology(context)
         self._consuming = Consuming(context, self._topology)
         self._maintenance = Maintenance(context)
+        self._schedules = Schedules(context)
 
     def _new_executor(self, engine: sa.Engine, dialect: dialects.Dialect) -> SyncExecutor:
         """The executor of novaque's own transactions on ``engine``."""
@@ -229,6 +231,15 @@ class CoreClient:
     renew = forward("_consuming", Consuming.renew)
     release = forward("_consuming", Consuming.release)
 
+    # -- schedules (novaque._schedules) --------------------------------------------------
+
+    schedule = forward("_schedules", Schedules.schedule)
+    unschedule = forward("_schedules", Schedules.unschedule)
+    get_schedule = forward("_schedules", Schedules.get_schedule)
+    list_schedules = forward("_schedules", Schedules.list_schedules)
+    pause_schedule = forward("_schedules", Schedules.pause_schedule)
+    resume_schedule = forward("_schedules", Schedules.resume_schedule)
+
     # -- maintenance (novaque._maintenance) ------------------------------------------------
 
     run_maintenance = forward("_maintenance", Maintenance.run_maintenance)
@@ -237,6 +248,7 @@ class CoreClient:
     flush_stats = forward("_maintenance", Maintenance.flush_stats)
     prune_stats = forward("_maintenance", Maintenance.prune_stats)
     forget_stale_consumers = forward("_maintenance", Maintenance.forget_stale_consumers)
+    fire_schedules = forward("_maintenance", Maintenance.fire_schedules)
 
 
 def parts_of(client: CoreClient) -> Parts:

@@ -18,6 +18,7 @@ from novaque._context import Context
 from novaque._stats import MINUTE_US, MINUTES_KEPT_US
 from novaque._time import day_of
 from novaque.ops import maintain, presence
+from novaque.ops import schedules as schedules_op
 from novaque.options import microseconds
 
 __all__ = ["Maintenance"]
@@ -34,19 +35,48 @@ class Maintenance:
     def run_maintenance(self) -> None:
         """Run one pass of every maintenance job, synchronously.
 
-        The lease reaper, TTL purge, dead-letter retention (and on SQLite a
-        bounded step of giving free pages back, see ``compact``), stats flush
-        and stats prune, and the cleanup of consumers that died. For tests, and
+        The lease reaper, the due fires of schedules, TTL purge, dead-letter
+        retention (and on SQLite a bounded step of giving free pages back, see
+        ``compact``), stats flush and stats prune, and the cleanup of consumers
+        that died. For tests, and
         for deployments that run maintenance from cron instead of calling
         :meth:`start`.
         """
         self._context.ready()
         self._context.resample_clock()
         self.reap_leases()
+        self.fire_schedules()
         self.purge_pass()
         self.flush_stats()
         self.prune_stats()
         self.forget_stale_consumers()
+
+    def fire_schedules(self) -> int:
+        """Publish the due fires of every schedule not paused (see
+        :meth:`~novaque.Client.schedule`); return how many.
+
+        Each schedule's fires commit in one transaction with the move of its
+        next fire, on its row locked: run in many processes at once, every
+        fire is published exactly once. Part of :meth:`run_maintenance`, and
+        of the maintenance loop every second.
+        """
+        context = self._context
+        options = context.options
+        fired = 0
+        for name in context.run_timed("", schedules_op.due_names):
+            count, effects = context.run_timed(
+                "",
+                schedules_op.fire,
+                name,
+                default_ttl_us=microseconds(context.default_ttl),
+                default_max_attempts=options.default_max_attempts,
+            )
+            for done in effects:
+                context.apply(done)
+            if count:
+                context.log.debug("schedule %s fired %d times", name, count)
+            fired += count
+        return fired
 
     def add_purge_pass(self, run: Callable[[], int]) -> None:
         """Run ``run`` after the TTL purge in every maintenance pass (the

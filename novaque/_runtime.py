@@ -64,6 +64,9 @@ MAX_IN_FLIGHT = 1000
 LISTEN_WAIT_S = 5.0
 #: Spread of maintenance intervals (+-10 %), so processes do not run in lockstep.
 INTERVAL_JITTER = 0.1
+#: How often the maintenance loop publishes the due fires of schedules (a
+#: fire is published at most this late, plus the time the pass takes).
+SCHEDULES_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -462,6 +465,7 @@ class Runtime:
         o = self.options
         return [
             _Job("reap", seconds(o.reap_interval, "reap_interval"), self._reap_pass),
+            _Job("schedules", SCHEDULES_INTERVAL_S, jobs.fire_schedules),
             _Job("purge", seconds(o.purge_interval, "purge_interval"), jobs.purge_pass),
             _Job("flush", seconds(o.stats_flush_interval, "flush"), jobs.flush_stats),
             _Job("prune", seconds(o.stats_prune_interval, "prune"), jobs.prune_stats),

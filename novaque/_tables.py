@@ -44,6 +44,7 @@ __all__ = [
     "messages",
     "metadata",
     "minute_stats",
+    "schedules",
     "stats",
     "topics",
 ]
@@ -352,6 +353,35 @@ consumers = sa.Table(
     # the cleanup of the dead: a range of old heartbeats.
     sa.Index(None, "heartbeat_at"),
     sqlite_autoincrement=True,
+    **_mysql_table,
+)
+
+#: One row per schedule (recurring publishes, ``Client.schedule``): its
+#: definition (exactly one of ``cron``, a five-field expression evaluated in
+#: ``timezone``, and ``every_us``, a period on a fixed grid), what each fire
+#: publishes (``body``, ``headers`` as stored for messages, ``ttl_us`` and
+#: ``max_attempts`` or None for the client's defaults at the fire), and its
+#: state: ``next_fire_at``, ``last_fire_at`` (the scheduled time of the last
+#: fire published, None before the first) and ``paused``. ``topic`` is a name:
+#: the topic is looked up (created if missing) at each fire. The index on
+#: ``next_fire_at`` serves the maintenance pass's search for due schedules.
+schedules = sa.Table(
+    "novaque_schedules",
+    metadata,
+    sa.Column("name", Name, primary_key=True),
+    sa.Column("topic", Name, nullable=False),
+    sa.Column("body", Body, nullable=False),
+    sa.Column("headers", sa.Text, nullable=True),
+    sa.Column("cron", sa.String(200), nullable=True),
+    sa.Column("every_us", Micros, nullable=True),
+    sa.Column("timezone", sa.String(64), nullable=False),
+    sa.Column("ttl_us", Micros, nullable=True),
+    sa.Column("max_attempts", sa.Integer, nullable=True),
+    sa.Column("catch_up", sa.String(8), nullable=False),
+    sa.Column("next_fire_at", Micros, nullable=False),
+    sa.Column("last_fire_at", Micros, nullable=True),
+    sa.Column("paused", sa.Boolean, nullable=False),
+    sa.Index(None, "next_fire_at"),
     **_mysql_table,
 )
 

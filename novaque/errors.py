@@ -24,6 +24,7 @@ __all__ = [
     "MessageTooLarge",
     "NovaqueError",
     "Reject",
+    "ScheduleNotFound",
     "SchemaOutOfDate",
     "Snooze",
     "TopicNotFound",
@@ -81,6 +82,15 @@ class ChannelNotFound(NovaqueError, LookupError):
 
 class MessageNotFound(NovaqueError, LookupError):
     """No message has the given id (never published, or purged by TTL/prune)."""
+
+
+class ScheduleNotFound(NovaqueError, LookupError):
+    """No schedule has the given name (``get_schedule``, ``pause_schedule``,
+    ``resume_schedule``)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no schedule named {name!r}")
+        self.name = name
 
 
 class DedupConflict(NovaqueError, ValueError):

@@ -16,6 +16,7 @@ __all__ = [
     "DeliveryState",
     "Message",
     "MessageInfo",
+    "ScheduleInfo",
 ]
 
 DeliveryState = Literal["pending", "ready", "in_flight", "deferred", "dead"]
@@ -210,3 +211,28 @@ class ConsumerInfo:
     in_flight: int
     started_at: datetime
     heartbeat_at: datetime
+
+
+@dataclass(frozen=True)
+class ScheduleInfo:
+    """A schedule (a recurring publish), as :meth:`novaque.Client.schedule`,
+    :meth:`~novaque.Client.get_schedule` and :meth:`~novaque.Client.list_schedules`
+    return it.
+
+    Exactly one of ``cron`` (a five-field expression, evaluated in the IANA
+    ``timezone``) and ``every`` (a period, fired on a fixed grid from the time
+    the schedule was defined) is set. ``next_fire_at`` is the scheduled time of
+    its next fire, ``last_fire_at`` that of the last fire published (None
+    before the first). ``catch_up`` says which missed fires are published
+    (``"latest"``, ``"none"`` or ``"all"``).
+    """
+
+    name: str
+    topic: str
+    cron: str | None
+    every: timedelta | None
+    timezone: str
+    next_fire_at: datetime
+    last_fire_at: datetime | None
+    paused: bool
+    catch_up: Literal["latest", "none", "all"]
