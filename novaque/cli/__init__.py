@@ -15,7 +15,18 @@ import traceback
 from collections.abc import Sequence
 
 from novaque import __version__
-from novaque.cli import admin, bench, compact, dead, demo, publish, schema, stats, topology
+from novaque.cli import (
+    admin,
+    bench,
+    compact,
+    dead,
+    demo,
+    publish,
+    schedules,
+    schema,
+    stats,
+    topology,
+)
 from novaque.cli._common import Context, one_line
 
 __all__ = ["DEFAULT_URL", "build_parser", "main"]
@@ -23,7 +34,7 @@ __all__ = ["DEFAULT_URL", "build_parser", "main"]
 #: The embedded default: an SQLite file in the current directory.
 DEFAULT_URL = "sqlite:///novaque.db"
 
-_GROUPS = (schema, topology, stats, dead, compact, publish, admin, demo, bench)
+_GROUPS = (schema, topology, stats, dead, compact, publish, schedules, admin, demo, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
