@@ -383,6 +383,36 @@ def test_channel_settings_show_and_pause_resume_buttons(
     assert web.post("/admin/api/topics/orders/channels/nope/pause").status == 404
 
 
+def test_schedules_page_lists_them_and_pauses_and_resumes(
+    web: WSGIClient, client: novaque.Client, clock: FakeClock
+) -> None:
+    assert "No schedules yet" in web.get("/admin/schedules").text
+    assert 'href="/admin/schedules"' in web.get("/admin/").text
+    client.schedule("nightly", "reports", cron="0 2 * * *", timezone="Europe/Paris")
+    tick = client.schedule("tick", "reports", every=90)
+    clock.advance(90)
+    client.run_maintenance()
+    page = web.get("/admin/schedules").text
+    assert "<code>cron 0 2 * * * (Europe/Paris)</code>" in page
+    assert "<code>every 90 s</code>" in page
+    assert html.escape(tick.next_fire_at.isoformat()) in page  # the fire before it
+    assert 'data-post="/admin/api/schedules/nightly/pause"' in page
+    listed = web.get("/admin/api/schedules").json()["schedules"]
+    assert [s["name"] for s in listed] == ["nightly", "tick"]
+    assert listed[1]["last_fire_at"] == tick.next_fire_at.isoformat()
+    assert listed[1]["every"] == 90.0
+    assert web.post("/admin/api/schedules/tick/pause").json() == {"paused": {"schedule": "tick"}}
+    assert client.get_schedule("tick").paused
+    page = web.get("/admin/schedules").text
+    tick_row = page[page.index("<code>tick</code>") :]
+    assert 'data-post="/admin/api/schedules/tick/resume"' in tick_row[: tick_row.index("</tr>")]
+    assert web.post("/admin/api/schedules/tick/resume").json() == {"resumed": {"schedule": "tick"}}
+    assert not client.get_schedule("tick").paused
+    missing = web.post("/admin/api/schedules/nope/pause")
+    assert missing.status == 404
+    assert missing.json()["error"] == "no schedule named 'nope'"
+
+
 def settings_table(page: str) -> dict[str, str]:
     """The channel page's settings, label -> value as the reader sees them."""
     rows = re.findall(r"<tr><th>([^<]*)</th><td><code>([^<]*)</code></td></tr>", page)

@@ -520,7 +520,14 @@ def test_admin_md_json_shapes_are_the_answers(
 
     text = admin_md()
     types = types_shown(text)
-    assert sorted(types) == ["Backlog", "Consumer", "Counters", "DeadLetter", "Message"]
+    assert sorted(types) == [
+        "Backlog",
+        "Consumer",
+        "Counters",
+        "DeadLetter",
+        "Message",
+        "Schedule",
+    ]
     match = Matcher(types)
     client = backend.client(clock=clock)
     for channel in ("billing", "shipping", "doomed"):
@@ -533,10 +540,11 @@ def test_admin_md_json_shapes_are_the_answers(
     client.ack_many(client.claim("orders", "shipping"))
     client.flush_stats()
     client.pause_channel("orders", "billing")  # its consumer takes nothing
+    client.schedule("nightly", "orders", b"{}", cron="0 2 * * *", timezone="Europe/Paris")
     consumer = client.subscribe_and_start("orders", "billing", lambda m: None)
     app = create_app(client, metrics=True)
     web = WSGIClient(app)
-    names = {"topic": "orders", "channel": "billing", "id": str(first)}
+    names = {"topic": "orders", "channel": "billing", "id": str(first), "name": "nightly"}
     try:
         web.login()
         shown = endpoints(text)
@@ -568,7 +576,7 @@ def test_admin_md_json_shapes_are_the_answers(
     if "`GET {prefix}/metrics`" in text:
         pages.append("/metrics")
     served_pages = {pattern.pattern for _, pattern, _ in app._pages}
-    sample = {"topic": "t", "channel": "c", "id": "1"}
+    sample = {"topic": "t", "channel": "c", "id": "1", "name": "s"}
 
     def routes(paths: Iterator[str], patterns: set[str]) -> set[str]:
         found = set()

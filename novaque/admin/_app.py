@@ -31,6 +31,7 @@ from novaque.errors import (
     MessageNotFound,
     MessageTooLarge,
     NovaqueError,
+    ScheduleNotFound,
     SchemaOutOfDate,
     TopicNotFound,
 )
@@ -137,7 +138,7 @@ class AdminApp:
             response.headers.extend(exc.headers)
         except (InvalidName, InvalidOption, MessageTooLarge) as exc:
             response = self._error(400, str(exc), is_api, pages)
-        except (TopicNotFound, ChannelNotFound, MessageNotFound) as exc:
+        except (TopicNotFound, ChannelNotFound, MessageNotFound, ScheduleNotFound) as exc:
             response = self._error(404, str(exc), is_api, pages)
         except SchemaOutOfDate as exc:
             response = self._error(503, str(exc), is_api, pages)
@@ -198,6 +199,7 @@ class AdminApp:
         page.append(("GET", _route("/topics/{topic}/channels/{channel}"), self.page_channel))
         page.append(("GET", _route("/topics/{topic}/channels/{channel}/dead"), self.page_dead))
         page.append(("GET", _route("/messages/{id}"), self.page_message))
+        page.append(("GET", _route("/schedules"), self.page_schedules))
         if self.metrics is not None:
             page.append(("GET", _route("/metrics"), self.page_metrics))
 
@@ -240,6 +242,9 @@ class AdminApp:
         api.append(("GET", _route("/messages/{id}"), self.api_message))
         api.append(("POST", _route("/messages/{id}/replay"), self.api_replay))
         api.append(("POST", _route("/messages/{id}/cancel"), self.api_cancel))
+        api.append(("GET", _route("/schedules"), self.api_schedules))
+        api.append(("POST", _route("/schedules/{name}/pause"), self.api_pause_schedule))
+        api.append(("POST", _route("/schedules/{name}/resume"), self.api_resume_schedule))
 
     # -- pages ------------------------------------------------------------------------
 
@@ -271,6 +276,9 @@ class AdminApp:
             after_id=after_id,
         )
         return self._html(call.pages.dead(data, after_id))
+
+    def page_schedules(self, call: Call) -> Response:
+        return self._html(call.pages.schedules(_data.schedules(self.client)))
 
     def page_metrics(self, call: Call) -> Response:
         assert self.metrics is not None
@@ -404,6 +412,21 @@ class AdminApp:
         log.info("admin: ensured channel %s/%s", topic, name)
         url = call.pages.channel_url(topic, name)
         return Response.json({"topic": topic, "channel": name, "url": url}, 201)
+
+    def api_schedules(self, call: Call) -> Response:
+        return Response.json(_data.schedules(self.client))
+
+    def api_pause_schedule(self, call: Call) -> Response:
+        name = call.name("name")
+        self.client.pause_schedule(name)
+        log.info("admin: paused schedule %s", name)
+        return Response.json({"paused": {"schedule": name}})
+
+    def api_resume_schedule(self, call: Call) -> Response:
+        name = call.name("name")
+        self.client.resume_schedule(name)
+        log.info("admin: resumed schedule %s", name)
+        return Response.json({"resumed": {"schedule": name}})
 
     def api_pause_channel(self, call: Call) -> Response:
         topic, channel = call.name("topic"), call.name("channel")

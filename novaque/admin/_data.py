@@ -24,6 +24,7 @@ from novaque.models import (
     DeliveryInfo,
     DeliveryState,
     MessageInfo,
+    ScheduleInfo,
 )
 
 #: Characters of a body shown in lists; the message page shows more.
@@ -291,6 +292,27 @@ def consumers(client: Client, topic: str | None, channel: str | None) -> dict[st
         "heartbeat": seconds_of(client.options.consumer_heartbeat),
         "consumers": [consumer(info) for info in found],
     }
+
+
+def schedule(info: ScheduleInfo) -> dict[str, Any]:
+    """A schedule as JSON (the admin's and ``novaque schedules --json``):
+    times ISO 8601 UTC, ``every`` in seconds."""
+    return {
+        "name": info.name,
+        "topic": info.topic,
+        "cron": info.cron,
+        "every": None if info.every is None else info.every.total_seconds(),
+        "timezone": info.timezone,
+        "next_fire_at": info.next_fire_at.isoformat(),
+        "last_fire_at": None if info.last_fire_at is None else info.last_fire_at.isoformat(),
+        "paused": info.paused,
+        "catch_up": info.catch_up,
+    }
+
+
+def schedules(client: Client) -> dict[str, Any]:
+    """Every schedule, by name (:meth:`Client.list_schedules`)."""
+    return {"schedules": [schedule(info) for info in client.list_schedules()]}
 
 
 def seconds_of(value: timedelta | float) -> float:

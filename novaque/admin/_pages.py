@@ -171,7 +171,10 @@ class Pages:
         body = f"""
 <div class="bar">
   <h1>Topics</h1>
-  {self.name_form("/topics", "Create topic", "new topic name")}
+  <span class="actions">
+    <a class="btn" href="{h(self.url("/schedules"))}">Schedules</a>
+    {self.name_form("/topics", "Create topic", "new topic name")}
+  </span>
 </div>
 <p class="muted">Backlog is live; counters are for today ({h(data["day"])}, UTC).
 The numbers refresh every few seconds.
@@ -189,6 +192,50 @@ The numbers refresh every few seconds.
             )
         }"""
         return self.layout("Dashboard", body, page="dashboard")
+
+    def schedules(self, data: dict[str, Any]) -> str:
+        """Every schedule with its next and last fire, paused or not, and a
+        button that pauses or resumes it."""
+        rows = []
+        for item in data["schedules"]:
+            name = item["name"]
+            if item["cron"] is not None:
+                when = f"cron {item['cron']} ({item['timezone']})"
+            else:
+                when = f"every {item['every']:g} s"
+            switch = "resume" if item["paused"] else "pause"
+            state = '<span class="tag dead">paused</span>' if item["paused"] else "running"
+            last = item["last_fire_at"] or "—"
+            button = self.button(
+                switch.capitalize(),
+                f"/schedules/{q(name)}/{switch}",
+                then=self.url("/schedules"),
+            )
+            rows.append(
+                f"<tr><td><code>{h(name)}</code></td>"
+                f'<td><a href="{h(self.topic_url(item["topic"]))}">{h(item["topic"])}</a></td>'
+                f"<td><code>{h(when)}</code></td><td>{h(item['next_fire_at'])}</td>"
+                f"<td>{h(last)}</td><td>{state}</td><td>{h(item['catch_up'])}</td>"
+                f"<td>{button}</td></tr>"
+            )
+        table = "".join(rows) or (
+            '<tr><td colspan="8" class="empty">No schedules yet: '
+            "<code>client.schedule(...)</code> or <code>novaque schedule add</code> "
+            "creates one.</td></tr>"
+        )
+        body = f"""
+<div class="bar"><h1>Schedules</h1></div>
+<section class="card">
+<table class="grid"><thead><tr><th>Name</th><th>Topic</th><th>When</th>
+<th>Next fire (UTC)</th><th>Last fire (UTC)</th><th>State</th><th>Catch-up</th><th></th>
+</tr></thead><tbody>{table}</tbody></table>
+<p class="muted">Fires are published by the maintenance of started clients
+(or <code>run_maintenance()</code>); a paused schedule fires again once
+resumed, its missed fires by its catch-up rule.</p>
+</section>"""
+        return self.layout(
+            "Schedules", body, page="schedules", crumbs=[("Schedules", self.url("/schedules"))]
+        )
 
     def _topic_card(self, topic: dict[str, Any]) -> str:
         name = topic["name"]

@@ -10,7 +10,7 @@ from typing import Any
 from novaque.cli._common import Context, print_table
 from novaque.models import ScheduleInfo
 
-__all__ = ["register", "schedule_json"]
+__all__ = ["register"]
 
 
 def register(commands: Any) -> None:
@@ -61,25 +61,6 @@ def register(commands: Any) -> None:
         one.set_defaults(run=run_one)
 
 
-def _moment(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
-
-
-def schedule_json(info: ScheduleInfo) -> dict[str, Any]:
-    """A schedule as JSON: times ISO 8601 UTC, ``every`` in seconds."""
-    return {
-        "name": info.name,
-        "topic": info.topic,
-        "cron": info.cron,
-        "every": None if info.every is None else info.every.total_seconds(),
-        "timezone": info.timezone,
-        "next_fire_at": _moment(info.next_fire_at),
-        "last_fire_at": _moment(info.last_fire_at),
-        "paused": info.paused,
-        "catch_up": info.catch_up,
-    }
-
-
 def _when(info: ScheduleInfo) -> str:
     if info.cron is not None:
         return f"cron {info.cron} {info.timezone}"
@@ -94,7 +75,9 @@ def _short(value: datetime | None) -> str:
 def run_schedules(args: argparse.Namespace, context: Context) -> int:
     found = context.client().list_schedules()
     if args.json:
-        print(json.dumps([schedule_json(info) for info in found], indent=2))
+        from novaque.admin._data import schedule  # the admin's JSON, imported only here
+
+        print(json.dumps([schedule(info) for info in found], indent=2))
         return 0
     if not found:
         print("no schedules")
