@@ -77,6 +77,11 @@ class Context:
         self.consumer_heartbeat = seconds(options.consumer_heartbeat, "Options.consumer_heartbeat")
         #: Topic ids learned in novaque's own committed transactions.
         self.topic_ids: dict[str, int] = {}
+        #: When the maintenance loop next looks for due schedule fires (epoch
+        #: microseconds on the client's clock; 0: at its next tick). Set by
+        #: each look from the earliest fire it found, and back to 0 when this
+        #: client defines or resumes a schedule.
+        self.schedules_look_at = 0
         #: Set by :func:`novaque.connect`: the engine is novaque's to dispose.
         self.owns_engine = False
         self._schema_lock = executor.mutex()

@@ -24,6 +24,11 @@ from novaque.options import microseconds
 __all__ = ["Maintenance"]
 
 
+#: How long a look for due schedule fires holds when it found none sooner:
+#: a schedule another process defines or resumes is seen within this time.
+SCHEDULES_RECHECK_US = 10_000_000
+
+
 class Maintenance:
     """Maintenance jobs, over a client's context (see the module docstring)."""
 
@@ -76,7 +81,21 @@ class Maintenance:
             if count:
                 context.log.debug("schedule %s fired %d times", name, count)
             fired += count
+        earliest = context.run_op("", schedules_op.earliest_fire)
+        later = context.now() + SCHEDULES_RECHECK_US
+        context.schedules_look_at = later if earliest is None else min(earliest, later)
         return fired
+
+    def fire_due_schedules(self) -> int:
+        """:meth:`fire_schedules` when a fire may be due: at the earliest next
+        fire the last look found, or :data:`SCHEDULES_RECHECK_US` after it
+        (a schedule defined or resumed by another process since), or at once
+        after this client defined or resumed one. The maintenance loop's job
+        (every second): an idle client reads the schedules every 10 s, not
+        every second."""
+        if self._context.now() < self._context.schedules_look_at:
+            return 0
+        return self.fire_schedules()
 
     def add_purge_pass(self, run: Callable[[], int]) -> None:
         """Run ``run`` after the TTL purge in every maintenance pass (the

@@ -465,7 +465,7 @@ class Runtime:
         o = self.options
         return [
             _Job("reap", seconds(o.reap_interval, "reap_interval"), self._reap_pass),
-            _Job("schedules", SCHEDULES_INTERVAL_S, jobs.fire_schedules),
+            _Job("schedules", SCHEDULES_INTERVAL_S, jobs.fire_due_schedules),
             _Job("purge", seconds(o.purge_interval, "purge_interval"), jobs.purge_pass),
             _Job("flush", seconds(o.stats_flush_interval, "flush"), jobs.flush_stats),
             _Job("prune", seconds(o.stats_prune_interval, "prune"), jobs.prune_stats),

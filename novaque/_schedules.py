@@ -75,7 +75,9 @@ class Schedules:
         definition = self._definition(
             name, topic, body, cron, every, timezone, headers, ttl, max_attempts, catch_up
         )
-        return self._context.run_timed("", schedules_op.define, definition)
+        info = self._context.run_timed("", schedules_op.define, definition)
+        self._context.schedules_look_at = 0  # its first fire may be the earliest
+        return info
 
     def _definition(
         self,
@@ -153,4 +155,6 @@ class Schedules:
         missed meanwhile are published by its ``catch_up`` rule at the next
         maintenance pass."""
         _validate.name(name, "schedule")
-        return self._context.run_op("", schedules_op.set_paused, name, False)
+        info = self._context.run_op("", schedules_op.set_paused, name, False)
+        self._context.schedules_look_at = 0
+        return info

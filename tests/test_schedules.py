@@ -15,6 +15,7 @@ import pytest
 
 import novaque
 from novaque import _fires
+from novaque.ops import schedules as schedules_op
 from tests.conftest import Backend, FakeClock
 
 pytestmark = pytest.mark.usefixtures("twin")
@@ -385,3 +386,48 @@ def test_a_started_client_fires_from_its_maintenance_loop(
     finally:
         client.shutdown(timeout=10)
     assert fire_times(msgs) == ["2030-01-01T08:00:05+00:00"]
+
+
+def test_the_loop_reads_the_schedules_at_their_earliest_fire_or_every_ten_seconds(
+    client: novaque.Client,
+    backend: Backend,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An idle client's loop does not read the schedules each second: it waits
+    for the earliest fire it read, or 10 s for what other processes define, or
+    for this client to define or resume one."""
+    client.ensure_channel("reports", "mailer")
+    client.schedule("hourly", "reports", every=3600)
+    jobs = client._maintenance
+    reads: list[int] = []
+    due_names = schedules_op.due_names
+
+    def counted(*args: Any) -> list[str]:
+        reads.append(1)
+        return due_names(*args)
+
+    monkeypatch.setattr(schedules_op, "due_names", counted)
+    assert jobs.fire_due_schedules() == 0  # defined here: looked at once
+    assert len(reads) == 1
+    clock.advance(9)
+    assert jobs.fire_due_schedules() == 0
+    assert len(reads) == 1  # no fire before 09:00, nothing read
+    # Another process defines one that fires sooner (at +14 s): seen at the
+    # next read, 10 s after the last.
+    other = backend.client(clock=clock)
+    other.schedule("often", "reports", every=5)
+    clock.advance(1)
+    assert jobs.fire_due_schedules() == 0
+    assert len(reads) == 2
+    clock.advance(3)
+    assert jobs.fire_due_schedules() == 0  # +13 s: before its fire, nothing read
+    assert len(reads) == 2
+    clock.advance(1)
+    assert jobs.fire_due_schedules() == 1  # +14 s: its fire, read and published
+    assert fire_times(fired(client)) == ["2030-01-01T08:00:14+00:00"]
+    client.pause_schedule("often")
+    client.resume_schedule("often")  # resumed here: looked at the next tick
+    reads.clear()
+    jobs.fire_due_schedules()
+    assert reads == [1]

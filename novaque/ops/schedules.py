@@ -163,6 +163,13 @@ def due_names(conn: sa.Connection, dialect: dialects.Dialect, now: int) -> list[
     return [str(name) for name in conn.execute(query).scalars()]
 
 
+def earliest_fire(conn: sa.Connection, dialect: dialects.Dialect) -> int | None:
+    """The earliest next fire of the schedules not paused (None: none)."""
+    query = sa.select(sa.func.min(s.next_fire_at)).where(s.paused == sa.false())
+    found = conn.execute(query).scalar_one_or_none()
+    return None if found is None else int(found)
+
+
 _lock_due = (
     sa.select(schedules)
     .where(
