@@ -118,31 +118,51 @@ def publish(
     topic id known, ``routed=False``) the dialect writes it in a transaction
     of its own."""
     learned = None
-    if topic_id is None:
-        topic_id = learned = topic_id_in(core(link), dialect, now, topic)
-    elif any(k is not None for k in dedup_keys) and not dialect.hold_topic(core(link), topic_id):
-        # (Without dedup keys, publish_plain holds the topic itself.)
-        raise TopicGone(topic)
-    rows = [
-        {
-            "body": body,
+    keys = groups or [None] * len(bodies)
+    if routed:
+        conn = core(link)
+        if topic_id is None:
+            topic_id = learned = topic_id_in(conn, dialect, now, topic)
+        elif any(k is not None for k in dedup_keys) and not dialect.hold_topic(conn, topic_id):
+            # (Without dedup keys, publish_plain holds the topic itself.)
+            raise TopicGone(topic)
+        rows = [
+            {
+                "body": body,
+                "headers": headers,
+                "published_at": now,
+                "expires_at": now + ttl_us,
+                "max_attempts": max_attempts,
+                "dedup_key": key,
+                "group_key": group,
+            }
+            for body, key, group in zip(bodies, dedup_keys, keys, strict=True)
+        ]
+        written = _write_messages(conn, dialect, topic, topic_id, rows, now + delay_us)
+        ids, fanout, fresh, special = written
+        learned_plan = None
+    else:
+        # The caller's one-statement case (the topic id known, no dedup key,
+        # one INSERT batch): one call of the dialect, which may decline.
+        assert topic_id is not None, "routed=False needs the topic id"
+        fields = {
+            "topic_id": topic_id,
             "headers": headers,
             "published_at": now,
             "expires_at": now + ttl_us,
             "max_attempts": max_attempts,
-            "dedup_key": key,
-            "group_key": group,
         }
-        for body, key, group in zip(bodies, dedup_keys, groups or [None] * len(bodies), strict=True)
-    ]
-    written = _write_messages(link, dialect, topic, topic_id, rows, now + delay_us, routed, plan)
-    ids, fanout, fresh, special, learned_plan = written
+        plain = dialect.publish_plain(
+            link, PublishParams(topic, fields, bodies, now + delay_us, keys, False, plan)
+        )
+        ids = fresh = plain.ids
+        fanout, special, learned_plan = Counter(plain.counts), plain.routed, plain.plan
     if special and not ids:
         return Published([], Counter(), now, 0, learned, routed=True, declined=True)
     warnings: list[str] = []
     filters = None if special else frozenset[str]()
     if special and fresh:
-        group_of: dict[int, Any] = {i: row["group_key"] for i, row in zip(ids, rows, strict=True)}
+        group_of: dict[int, Any] = dict(zip(ids, keys, strict=True))
         routed_fanout, filters = _fan_out_routed(
             core(link),
             dialect,
@@ -341,19 +361,17 @@ def count_here(conn: sa.Connection, dialect: dialects.Dialect, done: Published) 
 
 
 def _write_messages(
-    link: Link,
+    conn: sa.Connection,
     dialect: dialects.Dialect,
     topic: str,
     topic_id: int,
     rows: list[dict[str, Any]],
     visible: int,
-    routed: bool,
-    plan: str | None,
-) -> tuple[list[int], Counter[int], list[int], bool, str | None]:
-    """Insert messages and their deliveries to plain channels: the ids in order,
-    the deliveries per channel, the ids of the messages stored (a repeated dedup
-    key stores none), whether the topic has routed channels, and the topic's
-    plan for its next publish (see :meth:`~novaque.dialects.Dialect.publish_plain`).
+) -> tuple[list[int], Counter[int], list[int], bool]:
+    """Insert messages and their deliveries to plain channels, in a transaction
+    that writes the routed ones next: the ids in order, the deliveries per
+    channel, the ids of the messages stored (a repeated dedup key stores none),
+    and whether the topic has routed channels.
 
     A dedup key held with another body, headers or group raises
     :class:`DedupConflict` and leaves nothing of the call written."""
@@ -366,24 +384,19 @@ def _write_messages(
         special = False
         for chunk in _chunks(list(range(len(rows))), rows):
             done = dialect.publish_plain(
-                link,
+                conn,
                 PublishParams(
                     topic,
                     fields,
                     [rows[i]["body"] for i in chunk],
                     visible,
                     [rows[i]["group_key"] for i in chunk],
-                    routed,
-                    plan,
                 ),
             )
-            special, plan = done.routed, done.plan
-            if special and not done.ids:
-                return [], Counter(), [], True, None  # declined: nothing written
+            special = done.routed
             new_ids += done.ids
             counts.update(done.counts)
-        return new_ids, counts, new_ids, special, plan
-    conn = core(link)
+        return new_ids, counts, new_ids, special
     ids: dict[int, int] = {}  # row index: message id
     new_at: list[int] = []  # indexes of the rows really inserted
     # The keyed rows first: a conflict is found before anything else of the
@@ -418,7 +431,7 @@ def _write_messages(
             conn, topic, topic_id, fresh, visible, rows[0]["max_attempts"]
         )
         fanout.update(counts_fresh)
-    return [ids[i] for i in range(len(rows))], fanout, fresh, special, None
+    return [ids[i] for i in range(len(rows))], fanout, fresh, special
 
 
 def _insert_deduplicated(
