@@ -14,7 +14,6 @@ executor decides which it hands out (:meth:`novaque._executor.SyncExecutor.run`,
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,8 +56,17 @@ class ClaimParams:
         return self.now + self.lease_us
 
     def at(self, now: int) -> ClaimParams:
-        """This claim, made at ``now``."""
-        return dataclasses.replace(self, now=now)
+        """This claim, made at ``now`` (built field by field: ``dataclasses.replace``
+        costs twice as much, once a claim)."""
+        return ClaimParams(
+            self.channel_id,
+            self.limit,
+            self.lease_us,
+            self.token,
+            self.channel_lease,
+            self.attempt_id,
+            now,
+        )
 
     def bind(self) -> dict[str, Any]:
         """The claim statements' bound parameters."""
