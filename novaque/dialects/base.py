@@ -15,7 +15,9 @@ compiled cache serves every call.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
@@ -108,41 +110,76 @@ def _as_is(value: Any) -> Any:
     return value
 
 
+#: A result by position: its columns' names and its rows.
+Table = tuple[Sequence[str], Sequence[Sequence[Any]]]
+#: The fields of :class:`ClaimedRow`, in order.
+CLAIMED_FIELDS = tuple(field.name for field in dataclasses.fields(ClaimedRow))
+
+
 def claimed_rows(
-    rows: Iterable[Mapping[str, Any]], *, text: Callable[[Any], Any] = _as_is, **fixed: Any
+    table: Table, *, text: Callable[[Any], Any] = _as_is, **fixed: Any
 ) -> list[ClaimedRow]:
-    """The claimed deliveries of ``rows``, each read by its columns' names (the
-    fields of :class:`ClaimedRow`; ``fixed``: values given instead, for every
-    row), in delivery id order. ``text``: how a driver's value of a group key
-    becomes text, where the driver path reads it raw (MySQL's binary keys)."""
+    """The claimed deliveries of ``table``'s rows, each field read from the
+    column of its name (``fixed``: values given instead, for every row; a row
+    without a ``token`` column has none), in delivery id order. ``text``: how
+    a driver's value of a group key becomes text, where the driver path reads
+    it raw (MySQL's binary keys). The columns are found once per result, then
+    each row is read by position."""
+    names, rows = table
+    at = {name: i for i, name in enumerate(names)}
+    extra: list[Any] = []
+    where = []
+    for field in CLAIMED_FIELDS:
+        if field in fixed or field not in at:
+            if field not in fixed and field != "token":
+                raise KeyError(f"the claim's result has no column {field!r}")
+            where.append(len(names) + len(extra))
+            extra.append(fixed.get(field))
+        else:
+            where.append(at[field])
+    pick = operator.itemgetter(*where)
+    tail = tuple(extra)
     found = []
-    for row in rows:
-        r = {**row, **fixed} if fixed else row
-        lease = r["channel_lease"]
+    for r in rows:
+        did, mid, att, most, body, headers, at_us, until, lease, group, order, token = pick(
+            (*r, *tail)
+        )
         found.append(
             ClaimedRow(
-                int(r["delivery_id"]),
-                int(r["message_id"]),
-                int(r["attempts"]),
-                int(r["max_attempts"]),
-                bytes(r["body"]),
-                r["headers"],
-                int(r["published_at"]),
-                int(r["until"]),
-                None if lease is None else int(lease),
-                text(r["group_key"]),
-                text(r["order_key"]),
-                r.get("token"),
+                did,
+                mid,
+                att,
+                most,
+                bytes(body),
+                headers,
+                at_us,
+                until,
+                lease,
+                text(group),
+                text(order),
+                token,
             )
         )
     found.sort(key=lambda row: row.delivery_id)
     return found
 
 
-def named(cursor: Any) -> list[dict[str, Any]]:
-    """The rows of a DBAPI ``cursor``'s current result, each a dict by column name."""
-    names = [column[0] for column in cursor.description]
-    return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+def described(cursor: Any) -> Table:
+    """A DBAPI ``cursor``'s current result: its columns' names and rows."""
+    return [column[0] for column in cursor.description], cursor.fetchall()
+
+
+def table_of(result: Any) -> Table:
+    """A SQLAlchemy result's columns' names and rows."""
+    return list(result.keys()), result.all()
+
+
+def table_of_dicts(rows: Sequence[Mapping[str, Any]]) -> Table:
+    """Rows built as dicts (the same keys in each), as a :data:`Table`."""
+    if not rows:
+        return (), ()
+    names = list(rows[0])
+    return names, [tuple(row[name] for name in names) for row in rows]
 
 
 def mappings(result: Iterable[Any]) -> Iterator[Mapping[str, Any]]:
@@ -807,7 +844,7 @@ class Dialect:
         Groups are the caller's: an ordered delivery popped was its group's head.
         """
         found = conn.execute(_pop_delete_returning, p.bind())
-        return claimed_rows(mappings(found), until=p.now, channel_lease=None)
+        return claimed_rows(table_of(found), until=p.now, channel_lease=None)
 
     def _with_messages(
         self, conn: sa.Connection, leased: Sequence[Mapping[str, Any]]
@@ -821,7 +858,7 @@ class Dialect:
         found = {
             r["message_id"]: r for r in mappings(conn.execute(_message_fields, {"p_ids": ids}))
         }
-        return claimed_rows({**found[row["message_id"]], **row} for row in leased)
+        return claimed_rows(table_of_dicts([{**found[row["message_id"]], **row} for row in leased]))
 
     def ack_and_claim(
         self, link: Link, p: AckClaimParams

@@ -38,13 +38,14 @@ from novaque.dialects.base import (
     _message_fields,
     claimed_rows,
     d,
+    described,
     insert_message_sql,
     m,
     mappings,
     message_columns,
     message_values,
-    named,
     plain_channel,
+    table_of_dicts,
 )
 from novaque.dialects.params import AckClaimParams, ClaimParams, Driver, Link, Plain, PublishParams
 from novaque.dialects.watch import MySQLWatcher
@@ -252,7 +253,7 @@ def _leased_rows(cursor: Any) -> list[ClaimedRow]:
     """The rows a :func:`_lease_block` leased (its current result); its
     remaining results are read here or by the cursor's close, which raise an
     error of its COMMIT."""
-    found = named(cursor)
+    found = described(cursor)
     while cursor.nextset():
         pass
     return claimed_rows(found, text=exact_key_text)
@@ -589,14 +590,18 @@ class MySQLDialect(Dialect):
             found = conn.execute(_message_fields, {"p_ids": late})
             fields = {int(r["message_id"]): r for r in mappings(found)}
         return claimed_rows(
-            {
-                **r,
-                **fields.get(int(r["message_id"]), {}),
-                "attempts": r["attempts"] + 1,
-                "until": until,
-                "channel_lease": lease,
-            }
-            for r in locked
+            table_of_dicts(
+                [
+                    {
+                        **r,
+                        **fields.get(int(r["message_id"]), {}),
+                        "attempts": r["attempts"] + 1,
+                        "until": until,
+                        "channel_lease": lease,
+                    }
+                    for r in locked
+                ]
+            )
         )
 
     # MariaDB: deliveries written by the server from the channel rows, and

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -21,12 +21,13 @@ from novaque.dialects.base import (
     Dialect,
     NotifyListener,
     SelectT,
+    Table,
     claimed_rows,
     d,
+    described,
     leasing,
     m,
-    mappings,
-    named,
+    table_of,
 )
 from novaque.dialects.listen import _AwaitedPostgresListener, _PostgresListener
 from novaque.dialects.params import (
@@ -122,8 +123,8 @@ def _autocommit(dbapi: Any) -> Iterator[None]:
             dbapi.autocommit = False
 
 
-def _autocommit_rows(dbapi: Any, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rows (by column name) of one statement run on psycopg's connection
+def _autocommit_rows(dbapi: Any, sql: str, params: dict[str, Any]) -> Table:
+    """The result (columns' names and rows) of one statement run on psycopg's connection
     ``dbapi`` in autocommit: a transaction by itself, one round trip (as on
     SQLAlchemy's path, see SyncExecutor._transaction); autocommit is left as
     it was."""
@@ -131,14 +132,12 @@ def _autocommit_rows(dbapi: Any, sql: str, params: dict[str, Any]) -> list[dict[
         cursor = dbapi.cursor()
         try:
             cursor.execute(sql, params)
-            return named(cursor)
+            return described(cursor)
         finally:
             cursor.close()
 
 
-def _pipelined_rows(
-    dbapi: Any, statements: Sequence[tuple[str, dict[str, Any]]]
-) -> list[list[dict[str, Any]]]:
+def _pipelined_rows(dbapi: Any, statements: Sequence[tuple[str, dict[str, Any]]]) -> list[Table]:
     """The rows (by column name) of each of ``statements``, sent on psycopg's connection
     ``dbapi`` in one pipeline: one round trip, and in autocommit one implicit
     transaction (they commit together when the pipeline ends, or none does,
@@ -154,27 +153,25 @@ def _pipelined_rows(
         return _pipelined(conn, statements)
 
 
-def _pipelined(
-    conn: Any, statements: Sequence[tuple[str, dict[str, Any]]]
-) -> list[list[dict[str, Any]]]:
+def _pipelined(conn: Any, statements: Sequence[tuple[str, dict[str, Any]]]) -> list[Table]:
     with conn.pipeline():
         cursors = [conn.cursor() for _ in statements]
         for cursor, (sql, params) in zip(cursors, statements, strict=True):
             cursor.execute(sql, params)
-    return [named(cursor) for cursor in cursors]
+    return [described(cursor) for cursor in cursors]
 
 
 async def _pipelined_async(
     conn: Any, statements: Sequence[tuple[str, dict[str, Any]]]
-) -> list[list[dict[str, Any]]]:
+) -> list[Table]:
     async with conn.pipeline():
         cursors = [conn.cursor() for _ in statements]
         for cursor, (sql, params) in zip(cursors, statements, strict=True):
             await cursor.execute(sql, params)
-    found = []
+    found: list[Table] = []
     for cursor in cursors:
         names = [column[0] for column in cursor.description]
-        found.append([dict(zip(names, r, strict=True)) for r in await cursor.fetchall()])
+        found.append((names, await cursor.fetchall()))
     return found
 
 
@@ -194,19 +191,19 @@ def _ack_and_claim_params(pairs: Sequence[tuple[int, str]], claim: ClaimParams) 
     return {**claim.bind(), **_pair_params(pairs)}
 
 
-def _acked_and_claimed(
-    result: Iterable[Mapping[str, Any]],
-) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
+def _acked_and_claimed(table: Table) -> tuple[set[tuple[int, str]], list[ClaimedRow]]:
     """The acks done (``kind`` 0) and the rows claimed (1), of
-    PostgresDialect._ack_and_claim's rows."""
+    PostgresDialect._ack_and_claim's result."""
+    names, rows = table
+    kind, delivery, token = (names.index(n) for n in ("kind", "delivery_id", "token"))
     done: set[tuple[int, str]] = set()
     claimed = []
-    for r in result:
-        if r["kind"] == 0:
-            done.add((int(r["delivery_id"]), str(r["token"])))
+    for r in rows:
+        if r[kind] == 0:
+            done.add((int(r[delivery]), str(r[token])))
         else:
             claimed.append(r)
-    return done, claimed_rows(claimed)
+    return done, claimed_rows((names, claimed))
 
 
 class PostgresDialect(Dialect):
@@ -331,7 +328,7 @@ class PostgresDialect(Dialect):
         if p.ordered:
             return super().ack_and_claim(link, p)
         params = _ack_and_claim_params(p.pairs, p.claim)
-        return _acked_and_claimed(mappings(link.execute(self._ack_and_claim, params)))
+        return _acked_and_claimed(table_of(link.execute(self._ack_and_claim, params)))
 
     def delete_leased_pairs(
         self, conn: sa.Connection, pairs: Sequence[tuple[int, str]]
@@ -368,7 +365,7 @@ class PostgresDialect(Dialect):
         acked, claimed = _pipelined_rows(
             dbapi, [(self._ack_ordered_driver, acks), (self._ack_and_claim_driver, claim)]
         )
-        return _pairs_of(tuple(r.values()) for r in acked), _acked_and_claimed(claimed)[1]
+        return _pairs_of(acked[1]), _acked_and_claimed(claimed)[1]
 
     # The groups' next deliveries (read on ix_novaque_deliveries_group, as
     # _groups._nexts), the heads moved to them, unparked, and the groups left
@@ -547,8 +544,7 @@ class PostgresDialect(Dialect):
         if isinstance(link, Driver):
             [body] = p.bodies
             params = {**p.fields, "body": body, "visible": p.visible, "topic": p.topic}
-            [found] = _autocommit_rows(link.dbapi, self._publish_one_driver, params)
-            one = tuple(found.values())
+            [one] = _autocommit_rows(link.dbapi, self._publish_one_driver, params)[1]
             if not one[4]:
                 raise TopicGone(p.topic)
             if one[3]:  # routed channels: the guard wrote nothing
@@ -636,11 +632,11 @@ class PostgresDialect(Dialect):
             )[1]
         # One statement: lock (skipping rows other consumers hold), lease, and
         # return the message with each delivery.
-        return claimed_rows(mappings(link.execute(self._claim_stmt, p.bind())))
+        return claimed_rows(table_of(link.execute(self._claim_stmt, p.bind())))
 
     def pop(self, conn: sa.Connection, p: ClaimParams) -> list[ClaimedRow]:
         found = conn.execute(self._pop_stmt, p.bind())
-        return claimed_rows(mappings(found), until=p.now, channel_lease=None)
+        return claimed_rows(table_of(found), until=p.now, channel_lease=None)
 
     def _insert(self, table: sa.Table) -> Any:
         return pg_dialect.insert(table)

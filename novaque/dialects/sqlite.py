@@ -28,15 +28,15 @@ from novaque.dialects.base import (
     claimed_rows,
     core,
     d,
+    described,
     driver_statement,
     fan_out_one_sql,
     has_routed_sql,
     insert_message_sql,
     m,
-    mappings,
     message_columns,
-    named,
     publish_one_committed,
+    table_of,
 )
 from novaque.dialects.params import AckClaimParams, ClaimParams, Driver, Link, Plain, PublishParams
 from novaque.dialects.watch import SQLiteWatcher
@@ -253,7 +253,7 @@ class SQLiteDialect(Dialect):
         return self._claim_stmt
 
     def claim(self, link: Link, p: ClaimParams) -> list[ClaimedRow]:
-        return claimed_rows(mappings(core(link).execute(self._claim_stmt, p.bind())))
+        return claimed_rows(table_of(core(link).execute(self._claim_stmt, p.bind())))
 
     _insert_messages = insert_message_sql("?")
     _insert_message_returning = _insert_messages + " RETURNING id"
@@ -346,7 +346,7 @@ class SQLiteDialect(Dialect):
                 )
                 done.update((int(r[0]), lease_token) for r in cursor.fetchall())
             cursor.execute(claim.sql, claim.args(p.claim.bind()))
-            rows = claimed_rows(named(cursor))
+            rows = claimed_rows(described(cursor))
         finally:
             cursor.close()
         link.dbapi.commit()
