@@ -318,25 +318,9 @@ class Publishing:
             # driver's SQL (the executor's choice), with the topic's plan.
             single = len(params["bodies"]) == 1 and params["groups"][0] is None
             op = ("publish_one" if single else "publish") if one else ""
-            how: dict[str, Any] = {
-                "topic_id": topic_id,
-                "routed": not one,
-                "plan": self._plans.get(topic),
-            }
-            if one and topic not in self._topic_filters:
-                # No filter known to evaluate first: straight to the publish,
-                # which declines if the topic has routed channels (or, where
-                # the dialect wrote anyway, meets a filter it lacks a verdict
-                # for: then published again the evaluated way).
-                try:
-                    done = self._context.run_timed(
-                        op, publish_op.publish, verdicts={}, evaluate_here=False, **how, **params
-                    )
-                except publish_op.Unevaluated as met:
-                    self._topic_filters[topic] = met.filters
-                    done = self._publish_evaluated(op, topic, params, **how)
-            else:
-                done = self._publish_evaluated(op, topic, params, **how)
+            done = self._publish_evaluated(
+                op, topic, params, topic_id=topic_id, routed=not one, plan=self._plans.get(topic)
+            )
             if done.plan is not None:
                 self._plans[topic] = done.plan
             if done.declined:  # routed channels after all: nothing was written
@@ -369,7 +353,8 @@ class Publishing:
         back (:class:`~novaque.ops.publish.Unevaluated`), to be evaluated and
         published again. Should the filters change at every try, the last
         evaluates them in the transaction."""
-        verdicts = self._verdicts(topic, params)
+        # No filter known: nothing to evaluate first (a common publish's case).
+        verdicts = self._verdicts(topic, params) if topic in self._topic_filters else {}
         for _ in range(EVALUATION_TRIES):
             try:
                 done = self._context.run_timed(
