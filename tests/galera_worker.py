@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import threading
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ import sqlalchemy as sa
 
 import novaque
 import novaque.aio
+from tests._handshake import ready_then_go
 
 
 class Sink:
@@ -93,14 +93,7 @@ def main() -> None:
     aio_client = novaque.aio.connect(async_url, poll_interval=0.05)
     aio_consumer = aio_client.subscribe("t", "c", async_handler, **flow)
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
-    out.with_suffix(".ready").touch()
-    deadline = time.monotonic() + 60
-    while not (out.parent / "go").exists():
-        if time.monotonic() > deadline:
-            raise SystemExit("no go signal within 60 s")
-        time.sleep(0.005)
+    stop = ready_then_go(out)
     consumer.start()
     on_loop(aio_consumer.start())
     stop.wait()

@@ -17,7 +17,6 @@ on SIGTERM (the recipe of docs/tutorial.md, "6. Deploy").
 from __future__ import annotations
 
 import argparse
-import signal
 import threading
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 import novaque
+from tests._handshake import ready_then_go
 
 
 def main() -> None:
@@ -63,14 +63,7 @@ def main() -> None:
     )
     # The SIGTERM recipe of docs/tutorial.md: a signal sets an event; the main
     # thread waits for it, then shuts down gracefully.
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
-    out.with_suffix(".ready").touch()
-    deadline = time.monotonic() + 60
-    while not (out.parent / "go").exists():
-        if time.monotonic() > deadline:
-            raise SystemExit("no go signal within 60 s")
-        time.sleep(0.005)
+    stop = ready_then_go(out)
     consumer.start()
     stop.wait()
     client.shutdown(timeout=10)

@@ -22,6 +22,7 @@ import sqlalchemy as sa
 import novaque
 from novaque.schema import deliveries
 from tests import _preloaded
+from tests._handshake import go
 from tests.conftest import Backend, kill_other_sessions
 from tests.test_consumer import WAIT, Recorder, waited
 
@@ -70,18 +71,6 @@ class Worker:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         self.proc.wait(timeout=WAIT)
-
-
-def go(workers: list[Worker]) -> None:
-    """Start the workers' consumers together, once every one is subscribed."""
-    eventually(
-        lambda: all(
-            w.out.with_suffix(".ready").exists() or w.proc.poll() is not None for w in workers
-        ),
-        "the workers to subscribe",
-    )
-    assert all(w.proc.poll() is None for w in workers), "a worker died before starting"
-    (workers[0].out.parent / "go").touch()
 
 
 def test_sigkill_mid_handler_loses_nothing(

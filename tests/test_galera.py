@@ -39,6 +39,7 @@ import novaque
 from novaque.dialects import MySQLDialect, mysql
 from novaque.schema import deliveries
 from tests import _twin
+from tests._handshake import go
 from tests.conftest import _twin_loop
 from tests.test_docs import blocks
 
@@ -192,17 +193,6 @@ def eventually(condition: Callable[[], bool], what: str, timeout: float = WAIT) 
         time.sleep(0.05)
 
 
-def go(workers: list[Worker]) -> None:
-    eventually(
-        lambda: all(
-            w.out.with_suffix(".ready").exists() or w.proc.poll() is not None for w in workers
-        ),
-        "the workers to subscribe",
-    )
-    assert all(w.proc.poll() is None for w in workers), "a worker died before starting"
-    (workers[0].out.parent / "go").touch()
-
-
 @dataclass
 class Lease:
     token: str
@@ -277,7 +267,7 @@ def test_consumers_on_every_node_compete_without_double_leasing(
     each handled exactly once (30 s leases: none expires), never by two at once."""
     ids = [i for n, url in enumerate(channel.urls) for i in publish(url, f"node{n}", 200)]
     workers += on_every_node(channel, tmp_path)
-    go(workers)
+    go(workers, timeout=WAIT)
     eventually(lambda: channel.count_live() == 0, "600 messages to be settled")
     for worker in workers:
         worker.stop()
@@ -303,7 +293,7 @@ def test_a_node_killed_mid_run_loses_nothing_and_rejoins(
     it is back and consume, nothing is lost, no delivery is leased twice at once."""
     ids = publish(channel.urls[0], "before", 200)
     workers += on_every_node(channel, tmp_path, lease=2.0)
-    go(workers)
+    go(workers, timeout=WAIT)
     fed = fed_until(channel.urls[0], ids)
     fed(lambda: all(w.all_handled_since(0) for w in workers), "every consumer to handle some")
     channel.control("kill", "2")
