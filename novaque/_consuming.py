@@ -266,6 +266,19 @@ class Consuming:
             lease is None,
         )
 
+    def leased(self, topic: str, channel: str, pairs: Sequence[tuple[int, str]]) -> list[Message]:
+        """The deliveries named by ``pairs`` (``(delivery_id, lease_token)``)
+        leased on the channel with that token now, as messages to settle (no
+        body or headers): what settles a delivery known only by its id and token
+        (the network broker's clients). Pairs not leased so are left out."""
+        _validate.name(topic, "topic")
+        _validate.name(channel, "channel")
+        channel_id = self._channels.channel_id(topic, channel)
+        if not pairs:
+            return []
+        rows = self._context.run_op("", consume.leased, channel_id, pairs)
+        return consume.messages_of(rows, topic, channel, channel_id, "", self.now())
+
     def ack_and_claim(
         self,
         acks: Sequence[Message],

@@ -24,6 +24,7 @@ from novaque.cli import (
     publish,
     schedules,
     schema,
+    serve,
     stats,
     topology,
 )
@@ -34,7 +35,19 @@ __all__ = ["DEFAULT_URL", "build_parser", "main"]
 #: The embedded default: an SQLite file in the current directory.
 DEFAULT_URL = "sqlite:///novaque.db"
 
-_GROUPS = (schema, topology, stats, dead, compact, publish, schedules, admin, demo, bench)
+_GROUPS = (
+    schema,
+    topology,
+    stats,
+    dead,
+    compact,
+    publish,
+    schedules,
+    admin,
+    serve,
+    demo,
+    bench,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

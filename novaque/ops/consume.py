@@ -26,6 +26,7 @@ from novaque._tables import (
     messages,
 )
 from novaque._time import from_us
+from novaque.dialects.base import by_token as ids_by_token
 from novaque.dialects.base import core
 from novaque.dialects.params import AckClaimParams, ClaimParams, Link
 from novaque.models import Message
@@ -168,6 +169,60 @@ def _held(
         return []
     lease = found[0]
     return dialect._with_messages(conn, [{**r._mapping, "channel_lease": lease} for r in leases])
+
+
+#: Deliveries of a channel leased with a given token (expired or not: a lease
+#: still current past its expiry still settles), with what settling them needs.
+_leased_with = (
+    sa.select(
+        d.c.id.label("delivery_id"),
+        d.c.message_id,
+        d.c.attempts,
+        d.c.max_attempts,
+        d.c.visible_at.label("until"),
+        channels.c.lease.label("channel_lease"),
+        d.c.group_key.label("order_key"),
+        d.c.lease_token.label("token"),
+    )
+    .join_from(d, channels, channels.c.id == d.c.channel_id)
+    .where(
+        d.c.channel_id == sa.bindparam("p_channel"),
+        d.c.state == STATE_LEASED,
+        d.c.id.in_(sa.bindparam("p_ids", expanding=True)),
+        d.c.lease_token == sa.bindparam("p_token"),
+    )
+)
+
+
+def leased(
+    conn: sa.Connection,
+    dialect: dialects.Dialect,
+    channel_id: int,
+    pairs: Sequence[tuple[int, str]],
+) -> list[dialects.ClaimedRow]:
+    """The deliveries of ``pairs`` (``(delivery_id, lease_token)``) leased on the
+    channel with that token now, without their messages' bodies: what settling
+    them by id and token needs (those not found are not leased with it)."""
+    found: list[dialects.ClaimedRow] = []
+    for token, ids in ids_by_token(pairs).items():
+        params = {"p_channel": channel_id, "p_ids": ids, "p_token": token}
+        for row in conn.execute(_leased_with, params):
+            found.append(
+                dialects.ClaimedRow(
+                    delivery_id=row.delivery_id,
+                    message_id=row.message_id,
+                    attempts=row.attempts,
+                    max_attempts=row.max_attempts,
+                    body=b"",
+                    headers=None,
+                    published_at=0,
+                    until=row.until,
+                    channel_lease=row.channel_lease,
+                    order_key=row.order_key,
+                    token=row.token,
+                )
+            )
+    return found
 
 
 def ack(
