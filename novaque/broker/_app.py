@@ -40,6 +40,7 @@ from novaque.errors import (
     ChannelNotFound,
     DatabaseUnavailable,
     DedupConflict,
+    InvalidFilter,
     InvalidName,
     InvalidOption,
     LeaseLost,
@@ -149,7 +150,7 @@ class BrokerApp:
                     {"WWW-Authenticate": 'Bearer realm="novaque"'} if exc.status == 401 else None
                 )
                 return _error(exc.status, exc.code, exc.message, headers)
-            except (InvalidName, InvalidOption) as exc:
+            except (InvalidName, InvalidOption, InvalidFilter) as exc:
                 return _error(400, "invalid", str(exc))
             except MessageTooLarge as exc:
                 return _error(413, "too_large", str(exc))
@@ -516,6 +517,9 @@ class BrokerApp:
     def _channel_state(self, topic: str, channel: str, day: date) -> tuple[Any, Any, Any]:
         core = self._core
         settings = core.channel_settings(topic, channel)
+        # Today's counters include what this process counted and has not
+        # written yet.
+        core.flush_stats()
         backlog = core.channel_backlog(topic, channel)
         today = core.channel_counters(topic, channel, since=day, until=day)
         return backlog, settings, today
