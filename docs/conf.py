@@ -45,7 +45,7 @@ nitpicky = True
 nitpick_ignore_regex = [
     (
         r"py:.*",
-        r"(collections|datetime|django|kombu|logging|opentelemetry|pathlib|sqlalchemy|typing)"
+        r"(collections|datetime|django|kombu|logging|opentelemetry|os|pathlib|sqlalchemy|typing)"
         r"(\..*)?",
     )
 ]

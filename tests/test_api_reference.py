@@ -41,6 +41,7 @@ MODULES = (
     "novaque.kombu",
     "novaque.otel",
     "novaque.admin",
+    "novaque.broker",
 )
 
 

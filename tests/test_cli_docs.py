@@ -30,8 +30,12 @@ What legitimately varies, and how it is compared:
   database on every backend, so they are compared as they are.
 - Time: the commands' clients run on the preparation's fake clock
   (2026-11-29, UTC), so days and times are compared as they are.
-- Ports: ``admin`` and ``demo`` listen on a free port (``--port 0``); the port
-  they print reads as the one the block shows (8080 by default). Which server
+- Ports: ``admin``, ``demo`` and ``serve`` listen on a free port (``--port
+  0``); the port they print reads as the one the block shows (8080 by
+  default, 8090 for ``serve``, which serves the backend's database through
+  its asyncio driver, with a tokens file written for it).
+- ``token new``: the token and its digest are new each time; any token and
+  any digest match the ones the block shows. Which server
   they name, ``(wsgiref)`` or ``(waitress)``, depends on what is installed: the
   test reads ``(waitress)`` as ``(wsgiref)``.
 - ``demo``: its counts depend on timing, so in its progress line (``published
@@ -70,10 +74,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 import novaque
+import novaque.aio
+from novaque.broker import new_token, token_toml
 from novaque.cli import _common, main
 from novaque.testing import FakeClock
+from tests._twin import async_url
 from tests.conftest import Backend
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,6 +93,10 @@ NOW = datetime(2026, 11, 29, 10, 30, tzinfo=timezone.utc)
 #: What a command with a ``|`` before it reads from standard input.
 PIPED = b"day,orders\n2026-11-29,678\n"
 NOT_RUN = {"bench", "compact"}
+#: The commands that listen, and their default port.
+LISTENING = {"admin": 8080, "demo": 8080, "serve": 8090}
+#: What ``token new`` makes afresh each time: the token, and its digest.
+FRESH_TOKEN = (re.compile(r"^nvq_[A-Za-z0-9_-]{43}$"), re.compile(r'^sha256 = "[0-9a-f]{64}"$'))
 
 
 # -- the transcripts -------------------------------------------------------------------------
@@ -227,7 +239,7 @@ class Keyboard:
 
 def listen_anywhere(command: Command) -> int | None:
     """For a command that listens: ask for a free port; the port the block shows."""
-    if command.name not in ("admin", "demo"):
+    if command.name not in LISTENING:
         return None
     assert command.interrupt_after is not None, f"{command.line}: runs until ^C, shows none"
     if "--port" in command.argv:
@@ -236,7 +248,7 @@ def listen_anywhere(command: Command) -> int | None:
         command.argv[at] = "0"
         return shown
     command.argv += ["--port", "0"]
-    return 8080
+    return LISTENING[command.name]
 
 
 def run(command: Command, monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -271,7 +283,9 @@ def run(command: Command, monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def compared(command: Command, lines: list[str]) -> list[str]:
-    """``lines`` with what varies by rule made equal (demo's counts)."""
+    """``lines`` with what varies by rule made equal (demo's counts, a new token)."""
+    if command.name == "token":
+        return [next((p.pattern for p in FRESH_TOKEN if p.fullmatch(line)), line) for line in lines]
     if command.name != "demo":
         return lines
     return [re.sub(r"\d+", "#", line) if line.startswith("published ") else line for line in lines]
@@ -339,7 +353,17 @@ def test_cli_md_transcripts(
         return real(url, clock=clock, **options)
 
     monkeypatch.setattr(_common, "connect", connect)
+    real_aio = novaque.aio.connect
+    name = {"postgresql": "postgres"}.get(sa.make_url(url).get_backend_name(), "")
+    aio_url = async_url(name or sa.make_url(url).get_backend_name(), url)
+
+    def connect_aio(given: str, **options: Any) -> novaque.aio.AsyncClient:
+        return real_aio(aio_url, clock=clock, **options)
+
+    monkeypatch.setattr(novaque.aio, "connect", connect_aio)
     monkeypatch.setattr(_common.Context, "_require_existing_sqlite_file", lambda self: None)
+    # The tokens file of `serve` (what `token new` prints goes in it).
+    (tmp_path / "tokens.toml").write_text(token_toml(new_token(), ["admin"]))
     monkeypatch.delenv("NOVAQUE_DATABASE_URL", raising=False)
     monkeypatch.chdir(tmp_path)
     commands = [c for c in transcripts() if c.name not in NOT_RUN | {"demo"}]

@@ -22,7 +22,8 @@ import os
 from typing import Any
 
 from novaque.aio import AsyncClient
-from novaque.broker._app import DEFAULT_MAX_REQUEST_BYTES, BrokerApp
+from novaque.broker import _app
+from novaque.broker._app import BrokerApp
 from novaque.broker._tokens import (
     Scope,
     Token,
@@ -47,6 +48,10 @@ __all__ = [
     "parse_scope",
     "token_toml",
 ]
+
+#: The largest request body :func:`create_app` reads unless told otherwise (16 MiB):
+#: a larger one is refused with 413 ``too_large``.
+DEFAULT_MAX_REQUEST_BYTES = _app.DEFAULT_MAX_REQUEST_BYTES
 
 
 def create_app(

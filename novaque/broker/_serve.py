@@ -55,6 +55,7 @@ class Server:
 
         config.setdefault("log_level", "warning")
         config.setdefault("access_log", False)
+        config.setdefault("log_config", None)  # the application's logging, untouched
         self.host = host
         self._server = uvicorn.Server(
             uvicorn.Config(app, host=host, port=port, lifespan="on", **config)

@@ -205,6 +205,7 @@ class Tokens:
         self, entries: Iterable[Token] = (), *, path: str | os.PathLike[str] | None = None
     ):
         self._entries = tuple(entries)
+        #: The file the tokens are read from (None: fixed entries).
         self.path = None if path is None else Path(path)
         self._mtime: float | None = None
         self._checked = 0.0

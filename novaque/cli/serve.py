@@ -30,6 +30,14 @@ def register(commands: Any) -> None:
         required=True,
         help="the tokens file (TOML: each token's sha256 and scopes; `novaque token new`)",
     )
+    serve.add_argument(
+        "--poll-interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="how often a waiting receive looks for deliveries that became due by time "
+        "(delays, retries); new messages wake it at once (%(default)s)",
+    )
     serve.set_defaults(run=run_serve)
 
     token = commands.add_parser(
@@ -104,12 +112,16 @@ def run_serve(args: argparse.Namespace, context: Context) -> int:
         )
     # Fail now, not on the first request, if the database or its schema is missing.
     context.client().list_topics()
-    client = novaque.aio.connect(context.url)
+    if not args.poll_interval > 0:
+        raise CommandError(
+            f"--poll-interval must be a positive number of seconds, got {args.poll_interval}"
+        )
+    client = novaque.aio.connect(context.url, poll_interval=args.poll_interval)
     server = Server(Managed(create_app(client, tokens=tokens), client), args.host, args.port)
     with listening(args.host, args.port):
         server.start()
-    print(f"novaque broker on {server.base_url}/v1/  (Ctrl-C stops)", flush=True)
     try:
+        print(f"novaque broker on {server.base_url}/v1/  (Ctrl-C stops)", flush=True)
         with _sigterm_stops():
             while server.alive():
                 server.join(0.2)
