@@ -827,8 +827,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmarks; 0 when every backend ran, 1 when one failed."""
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    """Run the benchmarks; 0 when every backend ran, 1 when one failed.
+
+    ``broker`` first runs the network broker's benchmark instead
+    (``benchmarks/broker.py``)."""
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["broker"]:
+        from benchmarks import broker
+
+        return broker.main(given[1:])
+    args = parse_args(given)
     sizes = Sizes(w5_messages=args.w5_messages, engine=args.engine).scaled(args.scale)
     backends = list(BACKENDS) if args.backend == "all" else [args.backend]
     started = time.monotonic()

@@ -201,3 +201,22 @@ def test_the_servers_on_plain_engines(
     assert status == 0
     assert report["sizes"]["engine"] == "plain"
     check_rows(report, backend.name, workloads)
+
+
+def test_the_broker_benchmark_runs_on_sqlite(tmp_path: Path) -> None:
+    """``novaque bench broker``: publish and drain through the broker and the
+    Python client, and the long poll's wake-ups, in the JSON the README shows."""
+    out = tmp_path / "broker.json"
+    status = run.main(
+        ["broker", "--backend", "sqlite", "--messages", "120", "--batch", "20", "--runs", "1"]
+        + ["--wakeups", "3", "--json", str(out)]
+    )
+    assert status == 0
+    [result] = json.loads(out.read_text())["results"]
+    assert result["backend"] == "sqlite"
+    for name in ("publish", "drain"):
+        assert result[name]["broker_msg_s"] > 0
+        assert result[name]["python_msg_s"] > 0
+        assert result[name]["ratio"] > 0
+    assert result["wakeup"]["n"] == 3
+    assert 0 < result["wakeup"]["p50_ms"] <= result["wakeup"]["p99_ms"]
