@@ -58,6 +58,8 @@ class Message:
     lease_expires_at: datetime
     #: The ordering key given at publish (None when none).
     group: str | None = None
+    #: The priority given at publish (lower runs first; 0 by default).
+    priority: int = 0
     channel_id: int = field(default=0, repr=False, compare=False)
     #: The lease the claim took (microseconds), and the channel's own lease
     #: setting as the claim read it (None: none), which ``renew`` extends by.
@@ -173,6 +175,8 @@ class MessageInfo:
     deliveries: list[DeliveryInfo]
     #: The ordering key given at publish (None when none).
     group: str | None = None
+    #: The priority given at publish (lower runs first).
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
