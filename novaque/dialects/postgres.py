@@ -103,10 +103,12 @@ _PUBLISH_HEAD = f"""WITH routed AS (
 CLAIM_PICK = "novaque_claim_pick"
 _CLAIM_PICK_CALL = (
     f"{CLAIM_PICK}(CAST(:p_channel AS INTEGER), CAST(:p_now AS BIGINT), "
-    "CAST(:p_limit AS INTEGER), CAST({skip} AS BIGINT[]))"
+    "CAST(:p_limit AS INTEGER), CAST({skip} AS BIGINT[]), CAST(:p_held AS INTEGER) = 1)"
 )
 _claim_pick: sa.Select[Any] = sa.select(sa.literal_column("id")).select_from(
-    sa.text(_CLAIM_PICK_CALL.format(skip="'{}'") + " AS id")
+    sa.text(_CLAIM_PICK_CALL.format(skip="'{}'") + " AS id").bindparams(
+        sa.bindparam("p_held", 0, type_=sa.Integer)
+    )
 )
 
 
