@@ -77,6 +77,7 @@ class Publishing:
         headers: dict[str, str] | None = None,
         dedup_key: str | None = None,
         group: str | None = None,
+        priority: int = 0,
         connection: sa.Connection | None = None,
         session: Session | None = None,
     ) -> int:
@@ -96,7 +97,9 @@ class Publishing:
         :class:`~novaque.DedupConflict` (with the key and the first id) and
         writes nothing. ``group`` (1-200 characters) is the message's ordering key:
         a ``group_fifo`` channel hands out the messages of one group one at a
-        time, in order (see docs/how-to/ordering.md).
+        time, in order (see docs/how-to/ordering.md). ``priority`` (an int
+        from -100 to 100) orders the due deliveries of each channel: lower
+        first, then oldest due first (see docs/how-to/priorities.md).
         """
         return self._publish(
             topic,
@@ -108,6 +111,7 @@ class Publishing:
             headers=headers,
             dedup_keys=[_validate.dedup_key(dedup_key)],
             groups=[_validate.group(group)],
+            priority=_validate.priority(priority),
             connection=connection,
             session=session,
         )[0]
@@ -123,13 +127,14 @@ class Publishing:
         headers: dict[str, str] | None = None,
         dedup_keys: Sequence[str | None] | None = None,
         groups: Sequence[str | None] | None = None,
+        priority: int = 0,
         connection: sa.Connection | None = None,
         session: Session | None = None,
     ) -> list[int]:
         """Publish many messages to ``topic`` in one transaction with bulk inserts.
 
-        Returns their ids in order. ``delay``, ``ttl``, ``max_attempts`` and
-        ``headers`` apply to every message; ``dedup_keys`` and ``groups``, if
+        Returns their ids in order. ``delay``, ``ttl``, ``max_attempts``,
+        ``headers`` and ``priority`` apply to every message; ``dedup_keys`` and ``groups``, if
         given, have one key (or None) per body.
 
         A body whose dedup key is held by a live message returns that
@@ -142,6 +147,7 @@ class Publishing:
         gets the first one's id.
         """
         body_list = list(bodies)
+        checked_priority = _validate.priority(priority)
         if dedup_keys is None:
             keys: list[str | None] = [None] * len(body_list)
         else:
@@ -170,6 +176,7 @@ class Publishing:
             headers=headers,
             dedup_keys=keys,
             groups=group_list,
+            priority=checked_priority,
             connection=connection,
             session=session,
         )
@@ -186,6 +193,7 @@ class Publishing:
         headers: Mapping[str, str] | None,
         dedup_keys: list[str | None],
         groups: list[str | None],
+        priority: int,
         connection: sa.Connection | None,
         session: Session | None,
     ) -> list[int]:
@@ -204,6 +212,7 @@ class Publishing:
                 max_attempts=max_attempts,
                 dedup_keys=dedup_keys,
                 groups=groups,
+                priority=priority,
                 connection=connection,
                 session=session,
             )
@@ -217,6 +226,7 @@ class Publishing:
             max_attempts=max_attempts,
             dedup_keys=dedup_keys,
             groups=groups,
+            priority=priority,
             connection=connection,
             session=session,
         )
@@ -233,6 +243,7 @@ class Publishing:
         max_attempts: int | None,
         dedup_keys: list[str | None],
         groups: list[str | None],
+        priority: int,
         connection: sa.Connection | None,
         session: Session | None,
     ) -> list[int]:
@@ -265,6 +276,7 @@ class Publishing:
             "ttl_us": microseconds(ttl_s),
             "delay_us": microseconds(delay_s),
             "max_attempts": attempts,
+            "priority": priority,
         }
         if session is not None:
             connection = session.connection()
@@ -307,9 +319,12 @@ class Publishing:
         # One statement where the dialect can: the topic id is known, no dedup
         # keys, the bodies fit one INSERT batch, and the topic was not seen
         # with routed channels (a filter, an ordering), whose deliveries are
-        # written by a second statement of the same transaction.
+        # written by a second statement of the same transaction; and priority
+        # 0 (the columns' default: another priority is written by a second
+        # statement too).
         one = (
             topic_id is not None
+            and not params["priority"]
             and topic not in self._routed_topics
             and publish_op.one_statement(params["bodies"], params["dedup_keys"])
         )

@@ -191,6 +191,15 @@ channels = sa.Table(
     # Dead-letter retention; NULL: the client's default.
     sa.Column("dead_max_bytes", sa.BigInteger, nullable=True),
     sa.Column("dead_letter_expired", sa.Boolean, nullable=True),
+    # Limits; NULL: unlimited. rate_count deliveries per rate_period
+    # (microseconds) in windows aligned to the Unix epoch; rate_window (the
+    # current window's start) and rate_used count what the window handed out.
+    sa.Column("max_leased", sa.Integer, nullable=True),
+    sa.Column("rate_count", sa.Integer, nullable=True),
+    sa.Column("rate_period", Micros, nullable=True),
+    sa.Column("group_max_leased", sa.Integer, nullable=True),
+    sa.Column("rate_window", Micros, nullable=True),
+    sa.Column("rate_used", sa.Integer, nullable=True),
     sa.UniqueConstraint("topic_id", "name"),
     sqlite_autoincrement=True,
     **_mysql_table,
@@ -208,6 +217,8 @@ messages = sa.Table(
     sa.Column("max_attempts", sa.Integer, nullable=False),
     sa.Column("dedup_key", ExactKey(), nullable=True),
     sa.Column("group_key", ExactKey(), nullable=True),  # publish(group=...)
+    # publish(priority=...): -100..100, lower first.
+    sa.Column("priority", sa.SmallInteger, nullable=False, server_default="0"),
     # The key's uniqueness: a constraint, or on PostgreSQL a partial unique
     # index, which messages without a key (nearly all) cost nothing.
     _only_on(sa.UniqueConstraint("topic_id", "dedup_key"), ENGINE_CHECKED),
@@ -250,11 +261,17 @@ deliveries = sa.Table(
     sa.Column("group_key", ExactKey(), nullable=True),
     # The attempt id of the claim that holds the lease (claim(attempt_id=)).
     sa.Column("attempt_id", ExactKey(), nullable=True),
-    # claim: one index range per channel, ordered; dead and delayed rows lie
-    # beyond "now" and cost nothing. Dead-letter listing reads its tail.
+    # The claim's lane: the message's priority while the delivery can be
+    # claimed (ready or leased); 0 while it is dead or deferred, so that those
+    # lie in one range of lane 0 (their message keeps the priority, which
+    # comes back with them).
+    sa.Column("priority", sa.SmallInteger, nullable=False, server_default="0"),
+    # claim: one index range per (channel, lane), ordered; dead and delayed
+    # rows lie beyond "now" and cost nothing. Dead-letter listing reads the
+    # tail of lane 0.
     _engine_checked_fk("message_id", messages.c.id),
     _engine_checked_fk("channel_id", channels.c.id),
-    sa.Index("ix_novaque_deliveries_claim", "channel_id", "visible_at", "id"),
+    sa.Index("ix_novaque_deliveries_claim", "channel_id", "priority", "visible_at", "id"),
     # backlog counts and the lease reaper, without touching the table.
     sa.Index("ix_novaque_deliveries_state", "channel_id", "state", "visible_at"),
     sa.Index(None, "message_id"),
@@ -377,6 +394,7 @@ schedules = sa.Table(
     sa.Column("timezone", sa.String(64), nullable=False),
     sa.Column("ttl_us", Micros, nullable=True),
     sa.Column("max_attempts", sa.Integer, nullable=True),
+    sa.Column("priority", sa.SmallInteger, nullable=False, server_default="0"),
     sa.Column("catch_up", sa.String(8), nullable=False),
     sa.Column("next_fire_at", Micros, nullable=False),
     sa.Column("last_fire_at", Micros, nullable=True),

@@ -219,6 +219,25 @@ def dedup_key(value: object, name: str = "dedup_key") -> str | None:
     return value
 
 
+#: The priorities a message may have (lower first).
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
+
+
+def priority(value: object) -> int:
+    """A message's priority: an int from -100 to 100 (lower runs first)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(
+            f"priority must be an int from {MIN_PRIORITY} to {MAX_PRIORITY}, "
+            f"got {type(value).__name__}"
+        )
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        shown = str(value) if value.bit_length() <= 256 else f"a {value.bit_length()}-bit int"
+        raise InvalidOption(
+            f"priority must be from {MIN_PRIORITY} (first) to {MAX_PRIORITY} (last), got {shown}"
+        )
+    return value
+
+
 def group(value: object) -> str | None:
     """An ordering key (``publish(group=...)``): 1-200 characters, compared exactly."""
     return dedup_key(value, "group")

@@ -168,6 +168,7 @@ class AsyncClient:
         headers: dict[str, str] | None = None,
         dedup_key: str | None = None,
         group: str | None = None,
+        priority: int = 0,
         connection: AsyncConnection | None = None,
         session: AsyncSession | None = None,
     ) -> int:
@@ -189,6 +190,7 @@ class AsyncClient:
             headers=headers,
             dedup_key=dedup_key,
             group=group,
+            priority=priority,
             connection=conn,
             session=sess,
         )
@@ -204,6 +206,7 @@ class AsyncClient:
         headers: dict[str, str] | None = None,
         dedup_keys: Sequence[str | None] | None = None,
         groups: Sequence[str | None] | None = None,
+        priority: int = 0,
         connection: AsyncConnection | None = None,
         session: AsyncSession | None = None,
     ) -> list[int]:
@@ -220,6 +223,7 @@ class AsyncClient:
             headers=headers,
             dedup_keys=dedup_keys,
             groups=groups,
+            priority=priority,
             connection=conn,
             session=sess,
         )

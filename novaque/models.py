@@ -58,6 +58,8 @@ class Message:
     lease_expires_at: datetime
     #: The ordering key given at publish (None when none).
     group: str | None = None
+    #: The priority given at publish (lower runs first; 0 by default).
+    priority: int = 0
     channel_id: int = field(default=0, repr=False, compare=False)
     #: The lease the claim took (microseconds), and the channel's own lease
     #: setting as the claim read it (None: none), which ``renew`` extends by.
@@ -173,6 +175,8 @@ class MessageInfo:
     deliveries: list[DeliveryInfo]
     #: The ordering key given at publish (None when none).
     group: str | None = None
+    #: The priority given at publish (lower runs first).
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +228,8 @@ class ScheduleInfo:
     the schedule was defined) is set. ``next_fire_at`` is the scheduled time of
     its next fire, ``last_fire_at`` that of the last fire published (None
     before the first). ``catch_up`` says which missed fires are published
-    (``"latest"``, ``"none"`` or ``"all"``).
+    (``"latest"``, ``"none"`` or ``"all"``). ``priority`` is each fire's
+    message's.
     """
 
     name: str
@@ -236,3 +241,4 @@ class ScheduleInfo:
     last_fire_at: datetime | None
     paused: bool
     catch_up: Literal["latest", "none", "all"]
+    priority: int = 0

@@ -110,3 +110,25 @@ def test_a_publish_that_meets_routed_channels_is_written_in_full_both_ways(
     assert [m.body for m in client.claim("r", "all", max_messages=10)] == [b"before", b"eu", b"us"]
     assert [m.id for m in client.claim("r", "eu", max_messages=10)] == [eu]
     assert us > eu
+
+
+def test_claims_go_down_the_priority_lanes_both_ways(
+    client: novaque.Client, backend: Backend, way: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client.ensure_channel("p", "c")
+    client.publish("p", b"warm")
+    client.ack(client.claim("p", "c")[0])
+    driven = watch_links(client, monkeypatch)
+    client.publish("p", b"n0")
+    client.publish("p", b"bulk", priority=7)
+    client.publish("p", b"n1")
+    client.publish_many("p", [b"u0", b"u1"], priority=-3)
+    first = client.claim("p", "c", max_messages=3)  # two lanes in one claim
+    assert [(m.body, m.priority) for m in first] == [(b"u0", -3), (b"u1", -3), (b"n0", 0)]
+    channel_id = first[0].channel_id
+    lost, rest = client._consuming.ack_and_claim(first, "p", "c", channel_id, 10, 30.0)
+    assert (lost, [m.body for m in rest]) == ([], [b"n1", b"bulk"])
+    lost, none = client._consuming.ack_and_claim(rest, "p", "c", channel_id, 10, 30.0)
+    assert (lost, none) == ([], [])
+    expected = DRIVEN[backend.name] - {"publish_plain"} if way == "driver" else set()
+    assert set(driven) - {"publish_plain"} == expected

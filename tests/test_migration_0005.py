@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 import novaque
 from novaque import Counters, _migrate
+from tests import _migration_rows
 from tests.conftest import Backend, FakeClock
 from tests.test_migration_0003 import _fill_0002, _leased
 from tests.test_migration_0004 import _fill_0003
@@ -54,13 +55,7 @@ def _fill_0004(engine: sa.Engine, now_us: int) -> None:
 
 
 def _rows(engine: sa.Engine) -> dict[str, list[tuple[object, ...]]]:
-    with engine.connect() as conn:
-        return {
-            table: sorted(
-                (tuple(row) for row in conn.execute(sa.text(f"SELECT * FROM {table}"))), key=repr
-            )
-            for table in OLD_TABLES
-        }
+    return _migration_rows.rows(engine, OLD_TABLES)
 
 
 def _consumers(engine: sa.Engine) -> int:

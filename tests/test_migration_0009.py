@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 import novaque
 from novaque import _migrate, schema
+from tests import _migration_rows
 from tests.conftest import Backend
 from tests.test_migration_0005 import OLD_TABLES, _migrated_0004
 
@@ -20,13 +21,7 @@ TABLES = (*OLD_TABLES, "novaque_minute_stats", "novaque_consumers")
 
 
 def _rows(engine: sa.Engine) -> dict[str, list[tuple[object, ...]]]:
-    with engine.connect() as conn:
-        return {
-            table: sorted(
-                (tuple(row) for row in conn.execute(sa.text(f"SELECT * FROM {table}"))), key=repr
-            )
-            for table in TABLES
-        }
+    return _migration_rows.rows(engine, TABLES)
 
 
 def _recorded(engine: sa.Engine) -> list[str] | None:

@@ -101,6 +101,8 @@ class ClaimedRow:
     #: (None: unordered; the group on group_fifo, "" on strict_fifo).
     group_key: str | None = None
     order_key: str | None = None
+    #: The message's priority (lower first).
+    priority: int = 0
     #: The lease's token where it is not the claim's own (None): a repeated
     #: ``attempt_id`` returns leases taken by earlier claims.
     token: str | None = None
@@ -121,7 +123,8 @@ def claimed_rows(
 ) -> list[ClaimedRow]:
     """The claimed deliveries of ``table``'s rows, each field read from the
     column of its name (``fixed``: values given instead, for every row; a row
-    without a ``token`` column has none), in delivery id order. ``text``: how
+    without a ``token`` column has none), lowest priority first, then in
+    delivery id order. ``text``: how
     a driver's value of a group key becomes text, where the driver path reads
     it raw (MySQL's binary keys). The columns are found once per result, then
     each row is read by position."""
@@ -141,7 +144,7 @@ def claimed_rows(
     tail = tuple(extra)
     found = []
     for r in rows:
-        did, mid, att, most, body, headers, at_us, until, lease, group, order, token = pick(
+        did, mid, att, most, body, headers, at_us, until, lease, group, order, prio, token = pick(
             (*r, *tail)
         )
         found.append(
@@ -157,11 +160,16 @@ def claimed_rows(
                 lease,
                 text(group),
                 text(order),
+                prio,
                 token,
             )
         )
-    found.sort(key=lambda row: row.delivery_id)
+    found.sort(key=_claim_order)
     return found
+
+
+def _claim_order(row: ClaimedRow) -> tuple[int, int]:
+    return row.priority, row.delivery_id
 
 
 def described(cursor: Any) -> Table:
@@ -194,8 +202,23 @@ def mappings(result: Iterable[Any]) -> Iterator[Mapping[str, Any]]:
 _channel_lease = (
     sa.select(channels.c.lease).where(channels.c.id == sa.bindparam("p_channel")).scalar_subquery()
 )
+#: Whether the channel has a limit: its claims take the channel's row first
+#: and ask for what fits (``p_held`` = 1, see :mod:`novaque.ops.limits`);
+#: any other claim takes nothing from it.
+limited_channel = sa.or_(
+    channels.c.max_leased.is_not(None),
+    channels.c.rate_count.is_not(None),
+    channels.c.group_max_leased.is_not(None),
+)
 _channel_paused = sa.exists().where(
-    channels.c.id == sa.bindparam("p_channel"), channels.c.paused == sa.true()
+    channels.c.id == sa.bindparam("p_channel"),
+    sa.or_(
+        channels.c.paused == sa.true(),
+        # (A literal 0: a driver's statement has no anonymous parameter.)
+        sa.and_(
+            sa.bindparam("p_held", 0, type_=sa.Integer) == sa.literal_column("0"), limited_channel
+        ),
+    ),
 )
 #: The lease's expiry: ``p_until``, or ``p_now`` plus the channel's lease when
 #: the caller named no lease (``p_channel_lease`` = 1) and the channel has one.
@@ -208,13 +231,38 @@ _until = sa.func.coalesce(
     ),
     sa.bindparam("p_until", type_=sa.BigInteger),
 )
-#: Due deliveries of a channel (the claim's index range) ...
+#: Below every lane: a claim's first statement takes the lowest lane.
+FIRST_LANE = -32768
+
+
+def _lowest_lane(*above: sa.ColumnElement[bool]) -> sa.ScalarSelect[Any]:
+    return (
+        sa.select(sa.func.min(lanes.c.priority))
+        .where(lanes.c.channel_id == sa.bindparam("p_channel"), *above)
+        .scalar_subquery()
+    )
+
+
+lanes = d.alias("lanes")
+#: The claim's lane: the channel's lowest priority at or above ``p_lane``
+#: (one probe of the claim index; a channel of priority 0 alone has one lane).
+_lane = _lowest_lane(lanes.c.priority >= sa.bindparam("p_lane", FIRST_LANE, type_=sa.Integer))
+#: The lane after the one a claim took from, where a claim that took too few
+#: goes on (None: none): after ``p_after``, the priority of what it took
+#: (a pop deletes it), else after the lane it found empty.
+NEXT_LANE = sa.select(sa.func.min(d.c.priority)).where(
+    d.c.channel_id == sa.bindparam("p_channel"),
+    d.c.priority > sa.func.coalesce(sa.bindparam("p_after", None, type_=sa.Integer), _lane),
+)
+#: Due deliveries of a channel in one lane (the claim's index range) ...
 _claim_range = sa.and_(
     d.c.channel_id == sa.bindparam("p_channel"),
+    d.c.priority == _lane,
     d.c.visible_at <= sa.bindparam("p_now"),
     d.c.attempts < d.c.max_attempts,
 )
-#: ... unless the channel is paused.
+#: ... unless the channel is paused, or limited and the claim not one that
+#: holds its row.
 _claim_filter = sa.and_(_claim_range, ~_channel_paused)
 _claim_ids = (
     sa.select(d.c.id)
@@ -250,6 +298,7 @@ def leasing(pick: sa.Select[Any]) -> sa.Update:
             d.c.visible_at.label("until"),
             _channel_lease.label("channel_lease"),
             d.c.group_key.label("order_key"),
+            d.c.priority,
         )
     )
 
@@ -258,7 +307,7 @@ def leasing(pick: sa.Select[Any]) -> sa.Update:
 #: subqueries (RETURNING cannot join), named as a claimed row's.
 message_columns = tuple(
     sa.select(col).where(m.c.id == d.c.message_id).correlate(d).scalar_subquery().label(col.name)
-    for col in (m.c.body, m.c.headers, m.c.published_at, m.c.group_key)
+    for col in (m.c.body, m.c.headers, m.c.published_at, m.c.group_key, m.c.priority)
 )
 
 _claim_update_returning = leasing(_claim_ids)
@@ -278,13 +327,37 @@ _pop_delete_returning = (
     )
 )
 _message_fields = sa.select(
-    m.c.id.label("message_id"), m.c.body, m.c.headers, m.c.published_at, m.c.group_key
+    m.c.id.label("message_id"), m.c.body, m.c.headers, m.c.published_at, m.c.group_key, m.c.priority
 ).where(m.c.id.in_(sa.bindparam("p_ids", expanding=True)))
 #: A channel every message of its topic goes to in publish order: no filter,
 #: standard ordering. The others are "routed": the publish's own statements
 #: skip them and ``novaque.ops.publish`` writes their deliveries.
 PLAIN_CHANNEL_SQL = "{c}filter_expr IS NULL AND {c}ordering = 0"
 plain_channel = sa.and_(channels.c.filter_expr.is_(None), channels.c.ordering == 0)
+
+
+def in_lanes(
+    take: Callable[[dict[str, Any]], list[T]],
+    next_lane: Callable[[dict[str, Any]], int | None],
+    params: dict[str, Any],
+    lane_of: Callable[[T], int] = operator.attrgetter("priority"),
+) -> list[T]:
+    """What a claim statement (``take``, with ``params``) takes lane after lane:
+    from the lowest lane, then, while it took fewer than ``p_limit``, from the
+    next (``next_lane``: :data:`NEXT_LANE` run; ``lane_of``: a row's lane),
+    for what is left. A channel of one lane costs one statement when the
+    claim fills, two when not."""
+    limit = params["p_limit"]
+    found = took = take(params)
+    while len(found) < limit:
+        after = lane_of(took[-1]) if took else None
+        lane = next_lane({**params, "p_after": after})
+        if lane is None:
+            break
+        params = {**params, "p_lane": lane, "p_limit": limit - len(found)}
+        took = take(params)
+        found = found + took
+    return found
 
 
 def by_token(pairs: Sequence[tuple[int, str]]) -> dict[str, list[int]]:
@@ -832,8 +905,13 @@ class Dialect:
         each lease (NULL when None). A paused channel gives nothing.
         """
         conn = core(link)
-        leased = conn.execute(_claim_update_returning, p.bind())
-        return self._with_messages(conn, list(mappings(leased)))
+        leased = in_lanes(
+            lambda q: list(mappings(conn.execute(_claim_update_returning, q))),
+            lambda q: conn.execute(NEXT_LANE, q).scalar(),
+            p.bind(),
+            operator.itemgetter("priority"),
+        )
+        return self._with_messages(conn, leased)
 
     def pop(self, conn: sa.Connection, p: ClaimParams) -> list[ClaimedRow]:
         """Delete up to ``p.limit`` due deliveries of a channel, oldest due first
@@ -843,8 +921,13 @@ class Dialect:
 
         Groups are the caller's: an ordered delivery popped was its group's head.
         """
-        found = conn.execute(_pop_delete_returning, p.bind())
-        return claimed_rows(table_of(found), until=p.now, channel_lease=None)
+        return in_lanes(
+            lambda q: claimed_rows(
+                table_of(conn.execute(_pop_delete_returning, q)), until=p.now, channel_lease=None
+            ),
+            lambda q: conn.execute(NEXT_LANE, q).scalar(),
+            p.bind(),
+        )
 
     def _with_messages(
         self, conn: sa.Connection, leased: Sequence[Mapping[str, Any]]

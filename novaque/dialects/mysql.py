@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 import random
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar
@@ -23,12 +24,15 @@ from novaque._tables import (
 )
 from novaque.dialects.base import (
     DECLINED,
+    FIRST_LANE,
+    NEXT_LANE,
     PLAIN_CHANNEL_SQL,
     ClaimedRow,
     Dialect,
     NotifyListener,
     SelectT,
     _channel_lease,
+    _channel_paused,
     _claim_ids,
     _claim_range,
     _dotted,
@@ -39,6 +43,7 @@ from novaque.dialects.base import (
     claimed_rows,
     d,
     described,
+    in_lanes,
     insert_message_sql,
     m,
     mappings,
@@ -154,6 +159,13 @@ def _pyformat(stmt: sa.ClauseElement) -> str:
     return str(stmt.compile(dialect=mysql_dialect.dialect(paramstyle="pyformat")))
 
 
+def _in_block(stmt: sa.ClauseElement) -> str:
+    """A claim's pick (or the probe of the next lane) in a :func:`_lease_block`:
+    its lane and its count the block's variables."""
+    sql = _pyformat(stmt).replace("%(p_lane)s", "lane_from").replace("%(p_limit)s", "want")
+    return sql.replace("%(p_after)s", "NULL")
+
+
 #: What a spread claim's block declares: how many rows its slice gave, and their ids.
 _SPREAD_DECLARED = "DECLARE taken INT DEFAULT 0; DECLARE taken_ids LONGTEXT DEFAULT '[]'; "
 
@@ -193,12 +205,13 @@ def _lease_block(*, ack: bool, spread: bool = False) -> str:
         "{row}attempt_id = NULL"
     )
     picks = (
-        f"UPDATE {d.name} AS leased JOIN ({_pyformat(_claim_ids)}) AS picked "
+        f"UPDATE {d.name} AS leased JOIN ({_in_block(_claim_ids)}) AS picked "
         f"ON leased.id = picked.id {leasing.format(row='leased.')}; "
     )
     if spread:
         picks = (
-            f"FOR picked IN ({_pyformat(_in_one_slice(_claim_ids))}) DO "
+            "SET taken = 0; SET taken_ids = '[]'; "
+            f"FOR picked IN ({_in_block(_in_one_slice(_claim_ids))}) DO "
             "SET taken_ids = JSON_ARRAY_APPEND(taken_ids, '$', picked.id); "
             "SET taken = taken + 1; END FOR; "
             f"IF taken = 0 THEN {picks}ELSE UPDATE {d.name} AS leased JOIN JSON_TABLE(taken_ids, "
@@ -207,16 +220,20 @@ def _lease_block(*, ack: bool, spread: bool = False) -> str:
         )
     return (
         "BEGIN NOT ATOMIC DECLARE lease_until BIGINT; DECLARE channel_lease BIGINT; "
+        f"DECLARE lane_from INT DEFAULT {FIRST_LANE}; DECLARE want INT; "
         f"{_SPREAD_DECLARED if spread else ''}"
         "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
         f"{acked}"
         f"SET channel_lease = (SELECT lease FROM {channels.name} WHERE id = %(p_channel)s); "
         "SET lease_until = coalesce(CASE WHEN %(p_channel_lease)s = 1 "
         "THEN %(p_now)s + channel_lease END, %(p_until)s); "
-        f"{picks}"
+        # The lanes, lowest first, until the claim has its rows (in_lanes).
+        f"SET want = %(p_limit)s; WHILE want > 0 AND lane_from IS NOT NULL DO {picks}"
+        "SET want = want - ROW_COUNT(); "
+        f"IF want > 0 THEN SET lane_from = ({_in_block(NEXT_LANE)}); END IF; END WHILE; "
         "SELECT d.id AS delivery_id, d.message_id, d.attempts, d.max_attempts, m.body, "
         "m.headers, m.published_at, lease_until AS until, channel_lease, m.group_key, "
-        "d.group_key AS order_key "
+        "d.group_key AS order_key, m.priority "
         f"FROM {d.name} AS d JOIN {m.name} AS m ON m.id = d.message_id "
         f"WHERE d.channel_id = %(p_channel)s AND d.state = {STATE_LEASED} "
         "AND d.visible_at = lease_until AND d.lease_token = %(p_token)s ORDER BY d.id; "
@@ -381,10 +398,7 @@ class MySQLDialect(Dialect):
             d.c.max_attempts,
             *message_columns,
             _channel_lease.label("channel_lease"),
-            sa.select(channels.c.paused)
-            .where(channels.c.id == sa.bindparam("p_channel"))
-            .scalar_subquery()
-            .label("paused"),
+            _channel_paused.label("paused"),
             d.c.group_key.label("order_key"),
         )
         .where(_claim_range)
@@ -561,16 +575,32 @@ class MySQLDialect(Dialect):
         """The claim's locking read: up to ``p.limit`` due deliveries with their
         message fields and the channel's settings; none when the channel is
         paused. Spread (:attr:`slices`): from one slice first."""
-        params = {"p_channel": p.channel_id, "p_now": p.now, "p_limit": p.limit}
-        locked: list[Mapping[str, Any]] = []
-        if self.slices:
-            found = conn.execute(self._lock_ids_in_slice, {**params, **_slice_params(self.slices)})
-            locked = list(mappings(found))
-        if not locked:
-            locked = list(mappings(conn.execute(self._lock_ids, params)))
-        if not locked or locked[0]["paused"]:  # nothing due, or the channel is paused
-            return []
-        return locked
+
+        def take(params: dict[str, Any]) -> list[Mapping[str, Any]]:
+            locked: list[Mapping[str, Any]] = []
+            if self.slices:
+                found = conn.execute(
+                    self._lock_ids_in_slice, {**params, **_slice_params(self.slices)}
+                )
+                locked = list(mappings(found))
+            if not locked:
+                locked = list(mappings(conn.execute(self._lock_ids, params)))
+            if not locked or locked[0]["paused"]:  # nothing due, or the channel is paused
+                return []
+            return locked
+
+        params = {
+            "p_channel": p.channel_id,
+            "p_now": p.now,
+            "p_limit": p.limit,
+            "p_held": int(p.held),
+        }
+        return in_lanes(
+            take,
+            lambda q: conn.execute(NEXT_LANE, q).scalar(),
+            params,
+            operator.itemgetter("priority"),
+        )
 
     def _claimed(
         self,

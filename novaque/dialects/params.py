@@ -49,6 +49,10 @@ class ClaimParams:
     channel_lease: bool = False
     attempt_id: str | None = None
     now: int = 0
+    #: The caller holds the channel's row and asks for what fits its limits
+    #: (see :mod:`novaque.ops.limits`); any other claim takes nothing from a
+    #: channel with a limit.
+    held: bool = False
 
     @property
     def until(self) -> int:
@@ -66,6 +70,7 @@ class ClaimParams:
             self.channel_lease,
             self.attempt_id,
             now,
+            self.held,
         )
 
     def bind(self) -> dict[str, Any]:
@@ -78,6 +83,7 @@ class ClaimParams:
             "p_token": self.token,
             "p_channel_lease": int(self.channel_lease),
             "p_attempt_id": self.attempt_id,
+            "p_held": int(self.held),
         }
 
 

@@ -103,10 +103,12 @@ _PUBLISH_HEAD = f"""WITH routed AS (
 CLAIM_PICK = "novaque_claim_pick"
 _CLAIM_PICK_CALL = (
     f"{CLAIM_PICK}(CAST(:p_channel AS INTEGER), CAST(:p_now AS BIGINT), "
-    "CAST(:p_limit AS INTEGER), CAST({skip} AS BIGINT[]))"
+    "CAST(:p_limit AS INTEGER), CAST({skip} AS BIGINT[]), CAST(:p_held AS INTEGER) = 1)"
 )
 _claim_pick: sa.Select[Any] = sa.select(sa.literal_column("id")).select_from(
-    sa.text(_CLAIM_PICK_CALL.format(skip="'{}'") + " AS id")
+    sa.text(_CLAIM_PICK_CALL.format(skip="'{}'") + " AS id").bindparams(
+        sa.bindparam("p_held", 0, type_=sa.Integer)
+    )
 )
 
 
@@ -226,6 +228,7 @@ class PostgresDialect(Dialect):
                 claimed.c.channel_lease,
                 m.c.group_key,
                 claimed.c.order_key,
+                m.c.priority,
             )
             .join_from(claimed, m, m.c.id == claimed.c.message_id)
             .order_by(claimed.c.delivery_id)
@@ -249,6 +252,7 @@ class PostgresDialect(Dialect):
                 m.c.published_at,
                 m.c.group_key,
                 popped.c.group_key.label("order_key"),
+                m.c.priority,
             )
             .join_from(popped, m, m.c.id == popped.c.message_id)
             .order_by(popped.c.id)
@@ -303,12 +307,12 @@ class PostgresDialect(Dialect):
         SELECT 0 AS kind, id AS delivery_id, NULL AS message_id, NULL AS attempts,
                NULL AS max_attempts, NULL AS body, NULL AS headers, NULL AS published_at,
                lease_token AS token, NULL AS until, NULL AS channel_lease, NULL AS group_key,
-               NULL AS order_key
+               NULL AS order_key, NULL AS priority
         FROM acked
         UNION ALL
         SELECT 1, c.id, c.message_id, c.attempts, c.max_attempts, m.body, m.headers,
                m.published_at, NULL, c.visible_at, (SELECT lease FROM ch), m.group_key,
-               c.group_key
+               c.group_key, m.priority
         FROM claimed c JOIN {m.name} m ON m.id = c.message_id
         """
     )

@@ -14,6 +14,7 @@ from sqlalchemy.exc import DBAPIError
 
 from novaque._tables import STATE_READY, channels
 from novaque.dialects.base import (
+    NEXT_LANE,
     PLAIN_CHANNEL_SQL,
     ClaimedRow,
     Dialect,
@@ -32,6 +33,7 @@ from novaque.dialects.base import (
     driver_statement,
     fan_out_one_sql,
     has_routed_sql,
+    in_lanes,
     insert_message_sql,
     m,
     message_columns,
@@ -253,7 +255,12 @@ class SQLiteDialect(Dialect):
         return self._claim_stmt
 
     def claim(self, link: Link, p: ClaimParams) -> list[ClaimedRow]:
-        return claimed_rows(table_of(core(link).execute(self._claim_stmt, p.bind())))
+        conn = core(link)
+        return in_lanes(
+            lambda q: claimed_rows(table_of(conn.execute(self._claim_stmt, q))),
+            lambda q: conn.execute(NEXT_LANE, q).scalar(),
+            p.bind(),
+        )
 
     _insert_messages = insert_message_sql("?")
     _insert_message_returning = _insert_messages + " RETURNING id"
@@ -345,8 +352,18 @@ class SQLiteDialect(Dialect):
                     (lease_token, *ids),
                 )
                 done.update((int(r[0]), lease_token) for r in cursor.fetchall())
-            cursor.execute(claim.sql, claim.args(p.claim.bind()))
-            rows = claimed_rows(described(cursor))
+            lane = driver_statement(NEXT_LANE, _PYSQLITE)
+
+            def take(q: dict[str, Any]) -> list[ClaimedRow]:
+                cursor.execute(claim.sql, claim.args(q))
+                return claimed_rows(described(cursor))
+
+            def next_lane(q: dict[str, Any]) -> int | None:
+                cursor.execute(lane.sql, lane.args(q))
+                found: int | None = cursor.fetchone()[0]
+                return found
+
+            rows = in_lanes(take, next_lane, p.claim.bind())
         finally:
             cursor.close()
         link.dbapi.commit()

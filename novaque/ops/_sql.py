@@ -33,8 +33,8 @@ m = messages
 def dead_values(reason: Any, died_at: Any) -> dict[str, Any]:
     """What every delivery that becomes a dead letter gets written (a lease
     reaped out of attempts, a reject, an expiry, a deferred one out of
-    attempts): the dead state at the tail of the claim index, no lease, no
-    attempt id, its reason and time of death."""
+    attempts): the dead state at the tail of the claim index's lane 0, no
+    lease, no attempt id, its reason and time of death."""
     return {
         "state": STATE_DEAD,
         "visible_at": DEAD_VISIBLE_AT,
@@ -42,7 +42,15 @@ def dead_values(reason: Any, died_at: Any) -> dict[str, Any]:
         "attempt_id": None,
         "dead_reason": reason,
         "died_at": died_at,
+        "priority": 0,
     }
+
+
+#: A delivery's claim lane while it can be claimed: its message's priority
+#: (dead and deferred ones lie in lane 0, and get it back with this).
+MESSAGE_LANE = (
+    sa.select(m.c.priority).where(m.c.id == d.c.message_id).correlate(d).scalar_subquery()
+)
 
 
 def _p(name: str, type_: Any = sa.BigInteger) -> sa.BindParameter[Any]:
@@ -123,13 +131,20 @@ _TOPIC_BACKLOG = (
 
 # -- dead letters: the tail of ix_novaque_deliveries_claim, in delivery-id order -------
 
-# Dead rows, and only they, have visible_at = DEAD_VISIBLE_AT: an exact range of
-# ix_novaque_deliveries_claim in id order. (Adding "state = dead" would tempt
+# Dead rows, and only they, have visible_at = DEAD_VISIBLE_AT, in lane 0: an
+# exact range of ix_novaque_deliveries_claim in id order. (Adding "state = dead" would tempt
 # planners into ix_novaque_deliveries_state and a sort.) Updates and deletes of
 # the rows found still check the state.
 _dead_of_channel = sa.and_(
     d.c.channel_id == _p("p_channel", sa.Integer),
+    d.c.priority == 0,
     d.c.visible_at == DEAD_VISIBLE_AT,
+)
+#: The claimable deliveries of messages ``p_ids`` given their message's lane.
+RESTORE_LANES = (
+    sa.update(d)
+    .where(d.c.message_id.in_(_ids()), d.c.state.in_((STATE_READY, STATE_LEASED)))
+    .values(priority=MESSAGE_LANE)
 )
 
 
@@ -209,6 +224,7 @@ _revive = (
         lease_token=None,
         dead_reason=None,
         died_at=None,
+        priority=MESSAGE_LANE,
     )
 )
 _extend_expiry = (
@@ -250,6 +266,7 @@ def _move(group_key: sa.ColumnElement[Any]) -> sa.Update:
             dead_reason=None,
             died_at=None,
             group_key=group_key,
+            priority=MESSAGE_LANE,
         )
     )
 
@@ -373,6 +390,7 @@ _message = (
         m.c.published_at,
         m.c.expires_at,
         m.c.group_key,
+        m.c.priority,
     )
     .join_from(m, topics, topics.c.id == m.c.topic_id)
     .where(m.c.id == _p("p_id"))

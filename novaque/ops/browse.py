@@ -403,7 +403,15 @@ def list_messages(
     after: int,
 ) -> list[MessageInfo]:
     stmt = (
-        sa.select(m.c.id, m.c.body, m.c.headers, m.c.published_at, m.c.expires_at, m.c.group_key)
+        sa.select(
+            m.c.id,
+            m.c.body,
+            m.c.headers,
+            m.c.published_at,
+            m.c.expires_at,
+            m.c.group_key,
+            m.c.priority,
+        )
         .where(m.c.topic_id == _sql._p("p_topic_id", sa.Integer), m.c.id > _sql._p("p_after"))
         .order_by(m.c.id)
         .limit(_sql._p("p_limit", sa.Integer))
@@ -429,7 +437,7 @@ def _with_deliveries(
     fields: list[Any],
 ) -> list[MessageInfo]:
     """MessageInfo for messages ``ids`` (fields: body, headers, published, expires,
-    group)."""
+    group, priority)."""
     if not ids:
         return []
     found: dict[int, list[DeliveryInfo]] = {i: [] for i in ids}
@@ -457,8 +465,9 @@ def _with_deliveries(
             expires_at=from_us(expires),
             deliveries=found[i],
             group=group,
+            priority=int(priority),
         )
-        for i, (body, headers, published, expires, group) in zip(ids, fields, strict=True)
+        for i, (body, headers, published, expires, group, priority) in zip(ids, fields, strict=True)
     ]
 
 
@@ -621,6 +630,8 @@ def _replay_rows(
         {"p_ids": sorted({row["message_id"] for row in rows}), "p_expires": now + ttl_us},
     )
     insert_deliveries(conn, dialect, rows)
+    # Their lane: their message's priority.
+    conn.execute(_sql.RESTORE_LANES, {"p_ids": sorted({row["message_id"] for row in rows})})
     dialect.notify(conn, topic)
     done.tally.add("published", now, Counter(row["channel_id"] for row in rows))
     done.created += len(rows)

@@ -31,7 +31,7 @@ from novaque.dialects.base import core
 from novaque.dialects.params import AckClaimParams, ClaimParams, Link
 from novaque.models import Message
 from novaque.ops import Effects, _groups
-from novaque.ops._sql import dead_values
+from novaque.ops._sql import MESSAGE_LANE, dead_values
 
 d = deliveries
 
@@ -57,7 +57,7 @@ _snooze, _snooze_before_expiry = _put_back(attempts=d.c.attempts - 1)
 _defer = (
     sa.update(d)
     .where(*_fenced)
-    .values(state=STATE_DEFERRED, visible_at=DEFERRED_VISIBLE_AT, lease_token=None)
+    .values(state=STATE_DEFERRED, visible_at=DEFERRED_VISIBLE_AT, lease_token=None, priority=0)
 )
 _expiry_if_leased = (
     sa.select(messages.c.expires_at)
@@ -332,6 +332,7 @@ def messages_of(
             lease_expires_at=from_us(row.until),
             channel_id=channel_id,
             group=row.group_key,
+            priority=row.priority,
             lease_us=row.until - now,
             channel_lease_us=row.channel_lease,
             order_key=row.order_key,
@@ -456,6 +457,7 @@ _lease_deferred = (
         lease_token=sa.bindparam("p_token"),
         attempts=d.c.attempts + 1,
         attempt_id=None,
+        priority=MESSAGE_LANE,
     )
 )
 _bury_deferred = (

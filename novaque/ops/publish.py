@@ -101,6 +101,7 @@ def publish(
     delay_us: int,
     max_attempts: int,
     groups: Sequence[str | None] | None = None,
+    priority: int = 0,
     routed: bool = True,
     verdicts: Verdicts | None = None,
     evaluate_here: bool = True,
@@ -112,6 +113,9 @@ def publish(
     transaction (:func:`evaluate`); the others are evaluated in it, or with
     ``evaluate_here=False`` raise :class:`Unevaluated`. ``plan``: the one the
     last publish to the topic returned (:attr:`Published.plan`), if any.
+    ``priority``: the messages' (0, the columns' default, unless given: a
+    publish of another priority runs with ``routed=True``, and sets it on the
+    messages it stored and their deliveries, :func:`prioritize`).
 
     On a :class:`~novaque.dialects.params.Driver` link (the executor's choice
     for ``op="publish_one"``: one message without dedup key or group, the
@@ -143,8 +147,9 @@ def publish(
         learned_plan = None
     else:
         # The caller's one-statement case (the topic id known, no dedup key,
-        # one INSERT batch): one call of the dialect, which may decline.
+        # one INSERT batch, priority 0): one call of the dialect, which may decline.
         assert topic_id is not None, "routed=False needs the topic id"
+        assert not priority, "routed=False writes priority 0"
         fields = {
             "topic_id": topic_id,
             "headers": headers,
@@ -177,6 +182,8 @@ def publish(
             evaluate_here,
         )
         fanout.update(routed_fanout)
+    if priority and fresh:
+        prioritize(core(link), fresh, priority)
     return Published(
         ids,
         fanout,
@@ -189,6 +196,26 @@ def publish(
         plan=learned_plan,
         filters=filters,
     )
+
+
+_prioritize_messages = (
+    sa.update(messages)
+    .where(messages.c.id.in_(sa.bindparam("p_ids", expanding=True)))
+    .values(priority=sa.bindparam("p_priority"))
+)
+_prioritize_deliveries = (
+    sa.update(deliveries)
+    .where(deliveries.c.message_id.in_(sa.bindparam("p_ids", expanding=True)))
+    .values(priority=sa.bindparam("p_priority"))
+)
+
+
+def prioritize(conn: sa.Connection, message_ids: Sequence[int], priority: int) -> None:
+    """Give messages just stored, and all their deliveries (their claim lane),
+    a priority other than 0, in the transaction that wrote them."""
+    params = {"p_ids": sorted(message_ids), "p_priority": priority}
+    conn.execute(_prioritize_messages, params)
+    conn.execute(_prioritize_deliveries, params)
 
 
 #: The routed channels of a topic, read as the plain fan-out reads the plain
