@@ -206,6 +206,24 @@ def test_receive_and_delete_and_renew(live: Live, backend: Backend) -> None:
     assert backlog(backend).in_flight == 1
 
 
+def test_priorities_pass_through(live: Live) -> None:
+    put_channel(live)
+    publish(live, {"body": "bulk", "priority": 50}, {"body": "normal"})
+    publish(live, {"body": "urgent", "priority": -10})
+    got = receive(live, max_messages=10)
+    assert [(m["body"], m["priority"]) for m in got] == [
+        ("urgent", -10),
+        ("normal", 0),
+        ("bulk", 50),
+    ]
+    for bad in (101, True, "1"):
+        answer = live.http().post(
+            "/v1/topics/orders/messages", json={"messages": [{"body": "x", "priority": bad}]}
+        )
+        assert error_of(answer) == (400, "invalid"), bad
+        assert "priority" in answer.json()["error"]["message"]
+
+
 def test_idempotent_receive_with_attempt_id(live: Live) -> None:
     put_channel(live)
     publish(live, {"body": "a"}, {"body": "b"})
