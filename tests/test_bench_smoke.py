@@ -208,8 +208,10 @@ def test_the_broker_benchmark_runs_on_sqlite(tmp_path: Path) -> None:
     Python client, and the long poll's wake-ups, in the JSON the README shows."""
     out = tmp_path / "broker.json"
     status = run.main(
-        ["broker", "--backend", "sqlite", "--messages", "120", "--batch", "20", "--runs", "1"]
-        + ["--wakeups", "3", "--json", str(out)]
+        [
+            *("broker", "--backend", "sqlite", "--messages", "120", "--batch", "20"),
+            *("--runs", "1", "--wakeups", "3", "--json", str(out)),
+        ]
     )
     assert status == 0
     [result] = json.loads(out.read_text())["results"]

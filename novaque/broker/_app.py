@@ -274,7 +274,9 @@ class BrokerApp:
                 ids = await self._publish_run(topic, runs[0], None)
             else:
                 ids = []
-                async with client.engine.begin() as conn:
+                # novaque's own engine (on SQLite one that takes the write
+                # lock up front), as the client's own publishes use.
+                async with client.own_engine.begin() as conn:
                     for run in runs:
                         ids += await self._publish_run(topic, run, conn)
         except TypeError as exc:  # headers the core refuses by type
