@@ -560,6 +560,21 @@ def test_a_caller_gone_mid_poll_leaves_nothing_leased(live: Live, backend: Backe
     assert (found.ready, found.in_flight) == (1, 0)
 
 
+def test_a_stopping_server_answers_its_waiting_receives_at_once(
+    live: Live, backend: Backend
+) -> None:
+    put_channel(live)
+    signals = runtime_of(core_of(live.client)).signals
+    with ThreadPoolExecutor(1) as pool:
+        polling = pool.submit(receive, live, wait=20)
+        assert signals.wait("long_poll_fetches", 1, 10)
+        started = time.monotonic()
+        live.server.stop()
+        assert polling.result(timeout=30) == []
+    assert time.monotonic() - started < 5
+    assert not live.server.alive()
+
+
 def test_a_claim_that_raced_the_disconnect_is_released(backend: Backend) -> None:
     """The caller goes away while the claim runs: what it leased is given back."""
 

@@ -89,6 +89,9 @@ class BrokerApp:
         self.tokens = tokens
         self.max_request_bytes = max_request_bytes
         self._core: Client = core_of(client)
+        #: The server stops (:meth:`close`): receives no longer wait.
+        self.closing = False
+        self._closers: set[asyncio.Future[None]] = set()
         publish_params = inspect.signature(Client.publish_many).parameters
         self.supports_priority = "priority" in publish_params or "priorities" in publish_params
         self.setting_names = tuple(
@@ -355,20 +358,35 @@ class BrokerApp:
                 poll.got = got
             return got
 
+        if self.closing:
+            return await bridged(fetch_once)
         runtime = runtime_of(self._core)
         task = asyncio.ensure_future(bridged(runtime.long_poll, topic, channel, fetch, spec.wait))
         watcher = asyncio.ensure_future(_disconnected(receive))
+        closing = asyncio.get_running_loop().create_future()
+        self._closers.add(closing)
         try:
-            await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({task, watcher, closing}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
             await self._abandon(task, poll, spec)
-            watcher.cancel()
             raise
-        if task.done():
+        finally:
             watcher.cancel()
+            self._closers.discard(closing)
+        if task.done():
             return task.result()
         await self._abandon(task, poll, spec)
+        if closing.done():
+            return []  # the server stops: an empty answer, nothing left leased
         raise _Gone
+
+    def close(self) -> None:
+        """The server stops: waiting receives answer at once (``[]``), and
+        receives from now on do not wait. Call it on the server's event loop."""
+        self.closing = True
+        for closer in list(self._closers):
+            if not closer.done():
+                closer.set_result(None)
 
     async def _abandon(
         self, task: asyncio.Future[list[Message]], poll: _Poll, spec: _wire.Receive

@@ -7,6 +7,7 @@ server's event loop: started at the server's startup, shut down at its end.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -56,19 +57,28 @@ class Server:
         config.setdefault("log_level", "warning")
         config.setdefault("access_log", False)
         config.setdefault("log_config", None)  # the application's logging, untouched
+        # Requests still running this long after a stop are cancelled (a
+        # receive cancelled so gives back what it leased).
+        config.setdefault("timeout_graceful_shutdown", 10)
         self.host = host
         self._server = uvicorn.Server(
             uvicorn.Config(app, host=host, port=port, lifespan="on", **config)
         )
+        self.app = app
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._run, name="novaque-broker", daemon=True)
         self._error: BaseException | None = None
         self.port = port
 
     def _run(self) -> None:
         try:
-            asyncio.run(self._server.serve(sockets=[self._socket]))
+            asyncio.run(self._serve())
         except BaseException as exc:  # reported by start()
             self._error = exc
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self._server.serve(sockets=[self._socket])
 
     @property
     def base_url(self) -> str:
@@ -111,6 +121,19 @@ class Server:
         self._thread.join(timeout)
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop accepting, finish what runs, shut the client down."""
+        """Stop accepting, answer the receives that wait, finish what runs,
+        shut the client down."""
+        broker = _broker_of(self.app)
+        loop = self._loop
+        if broker is not None and loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop has just ended
+                loop.call_soon_threadsafe(broker.close)
         self._server.should_exit = True
         self._thread.join(timeout)
+
+
+def _broker_of(app: Any) -> Any:
+    """The broker behind ``app`` (a :class:`Managed` or the Starlette app), if any."""
+    inner = getattr(app, "app", app)
+    state = getattr(inner, "state", None)
+    return getattr(state, "broker", None)
