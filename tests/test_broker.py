@@ -424,6 +424,20 @@ def test_tokens_and_scopes(live: Live, backend: Backend) -> None:
     ]:
         answer = live.http("billing").request(method, path, json={})
         assert error_of(answer) == (403, "forbidden"), (method, path)
+    # A delivery of another channel, settled through one the token may use:
+    # not found there (lease_lost), and left alone.
+    publish(live, {"body": "ship me"})
+    [shipped] = receive(live, channel="shipping")
+    for action in ("complete", "dead_letter"):
+        answer = live.http("billing").post(
+            "/v1/topics/orders/channels/billing/settle", json={"items": [item(shipped, action)]}
+        )
+        assert answer.json()["results"][0] == {
+            "delivery_id": shipped["delivery_id"],
+            "ok": False,
+            "error": "lease_lost",
+        }
+    assert backlog(backend, channel="shipping").in_flight == 1
     # A name outside the scopes: the same answer whether it exists or not.
     existing = live.http("other").get("/v1/topics/orders/channels/billing")
     missing = live.http("other").get("/v1/topics/nowhere/channels/nothing")

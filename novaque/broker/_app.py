@@ -423,22 +423,26 @@ class BrokerApp:
         given = _wire.items(data, "items", _wire.MAX_ITEMS)
         todo = [_wire.settle_item(item, n) for n, item in enumerate(given, 1)]
         _wire.no_repeats([item.delivery_id for item in todo])
-        held = await self._leased(topic, channel, [(i.delivery_id, i.lease_token) for i in todo])
         outcome: dict[int, dict[str, Any]] = {}
-        completes = [
-            held[i.delivery_id] for i in todo if i.action == "complete" and i.delivery_id in held
-        ]
-        lost_ids: set[int] = set()
+        # The completes: read and acked in one transaction.
+        completes = [(i.delivery_id, i.lease_token) for i in todo if i.action == "complete"]
         if completes:
-            lost_ids = {m.delivery_id for m in await self.client.ack_many(completes)}
+            consuming = parts_of(self._core).consuming
+            acked = await bridged(consuming.ack_named, topic, channel, completes)
+            for delivery, _ in completes:
+                ok = {"delivery_id": delivery, "ok": True}
+                outcome[delivery] = ok if delivery in acked else _lost(delivery)
+        others = [i for i in todo if i.action != "complete"]
+        held = (
+            await self._leased(topic, channel, [(i.delivery_id, i.lease_token) for i in others])
+            if others
+            else {}
+        )
         client = self.client
-        for item in todo:
+        for item in others:
             msg = held.get(item.delivery_id)
-            if msg is None or (item.action == "complete" and item.delivery_id in lost_ids):
+            if msg is None:
                 outcome[item.delivery_id] = _lost(item.delivery_id)
-                continue
-            if item.action == "complete":
-                outcome[item.delivery_id] = {"delivery_id": item.delivery_id, "ok": True}
                 continue
             try:
                 if item.action == "abandon":

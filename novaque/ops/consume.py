@@ -26,7 +26,6 @@ from novaque._tables import (
     messages,
 )
 from novaque._time import from_us
-from novaque.dialects.base import by_token as ids_by_token
 from novaque.dialects.base import core
 from novaque.dialects.params import AckClaimParams, ClaimParams, Link
 from novaque.models import Message
@@ -171,8 +170,9 @@ def _held(
     return dialect._with_messages(conn, [{**r._mapping, "channel_lease": lease} for r in leases])
 
 
-#: Deliveries of a channel leased with a given token (expired or not: a lease
-#: still current past its expiry still settles), with what settling them needs.
+#: Deliveries by id (the primary key alone: no other condition that a planner
+#: could prefer an index of the channel's backlog for), with what settling
+#: them needs; :func:`leased` keeps those of the channel leased with the token.
 _leased_with = (
     sa.select(
         d.c.id.label("delivery_id"),
@@ -183,14 +183,11 @@ _leased_with = (
         channels.c.lease.label("channel_lease"),
         d.c.group_key.label("order_key"),
         d.c.lease_token.label("token"),
+        d.c.channel_id,
+        d.c.state,
     )
     .join_from(d, channels, channels.c.id == d.c.channel_id)
-    .where(
-        d.c.channel_id == sa.bindparam("p_channel"),
-        d.c.state == STATE_LEASED,
-        d.c.id.in_(sa.bindparam("p_ids", expanding=True)),
-        d.c.lease_token == sa.bindparam("p_token"),
-    )
+    .where(d.c.id.in_(sa.bindparam("p_ids", expanding=True)))
 )
 
 
@@ -201,28 +198,51 @@ def leased(
     pairs: Sequence[tuple[int, str]],
 ) -> list[dialects.ClaimedRow]:
     """The deliveries of ``pairs`` (``(delivery_id, lease_token)``) leased on the
-    channel with that token now, without their messages' bodies: what settling
-    them by id and token needs (those not found are not leased with it)."""
+    channel with that token now (expired or not: a lease still current past
+    its expiry still settles), without their messages' bodies: what settling
+    them by id and token needs. Those not found are not leased with it."""
+    tokens = dict(pairs)
     found: list[dialects.ClaimedRow] = []
-    for token, ids in ids_by_token(pairs).items():
-        params = {"p_channel": channel_id, "p_ids": ids, "p_token": token}
-        for row in conn.execute(_leased_with, params):
-            found.append(
-                dialects.ClaimedRow(
-                    delivery_id=row.delivery_id,
-                    message_id=row.message_id,
-                    attempts=row.attempts,
-                    max_attempts=row.max_attempts,
-                    body=b"",
-                    headers=None,
-                    published_at=0,
-                    until=row.until,
-                    channel_lease=row.channel_lease,
-                    order_key=row.order_key,
-                    token=row.token,
-                )
+    for row in conn.execute(_leased_with, {"p_ids": sorted(tokens)}):
+        if (
+            row.channel_id != channel_id
+            or row.state != STATE_LEASED
+            or row.token is None
+            or row.token != tokens[row.delivery_id]
+        ):
+            continue
+        found.append(
+            dialects.ClaimedRow(
+                delivery_id=row.delivery_id,
+                message_id=row.message_id,
+                attempts=row.attempts,
+                max_attempts=row.max_attempts,
+                body=b"",
+                headers=None,
+                published_at=0,
+                until=row.until,
+                channel_lease=row.channel_lease,
+                order_key=row.order_key,
+                token=row.token,
             )
+        )
     return found
+
+
+def ack_named(
+    conn: sa.Connection,
+    dialect: dialects.Dialect,
+    now: int,
+    channel_id: int,
+    pairs: Sequence[tuple[int, str]],
+) -> tuple[set[int], Effects]:
+    """Ack the deliveries of ``pairs`` (``(delivery_id, lease_token)``) leased on
+    the channel with that token, in one transaction (:func:`leased`, then
+    :func:`ack`): the delivery ids acked, and the acks to count."""
+    msgs = messages_of(leased(conn, dialect, channel_id, pairs), "", "", channel_id, "", now)
+    lost, effects = ack(conn, dialect, now, msgs)
+    gone = {msg.delivery_id for msg in lost}
+    return {msg.delivery_id for msg in msgs if msg.delivery_id not in gone}, effects
 
 
 def ack(
