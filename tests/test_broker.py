@@ -12,7 +12,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -48,6 +48,17 @@ def clock() -> FakeClock:
 
 def error_of(answer: httpx.Response) -> tuple[int, str]:
     return answer.status_code, answer.json()["error"]["code"]
+
+
+def until(condition: Callable[[], bool], timeout: float) -> bool:
+    """Whether ``condition()`` became true within ``timeout`` seconds (looked at
+    every 10 ms)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def backlog(backend: Backend, topic: str = "orders", channel: str = "billing") -> novaque.Backlog:
@@ -567,9 +578,11 @@ def test_a_caller_gone_mid_poll_leaves_nothing_leased(live: Live, backend: Backe
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(request)
         assert signals.wait("long_poll_fetches", before + 1, 10)
-    # The caller is gone: a message published now stays ready.
+    # The caller is gone: its poll ends at once (no poll waits any more), and
+    # a message published now stays ready.
+    runtime = runtime_of(core_of(live.client))
+    assert until(lambda: runtime._pollers == 0, 10)
     backend.client().publish("orders", b"for someone else")
-    time.sleep(1.0)  # a poll still waiting would have claimed it within this
     found = backlog(backend)
     assert (found.ready, found.in_flight) == (1, 0)
 
