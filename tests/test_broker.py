@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +28,7 @@ import novaque.aio
 from novaque.aio import core_of
 from novaque.broker import Tokens, TokensError, create_app, hash_token, new_token, token_toml
 from novaque.broker._app import BrokerApp
+from novaque.broker._wire import Receive
 from novaque.client import runtime_of
 from novaque.testing import FakeClock
 from tests._broker import Live, live_broker, token_of, tokens
@@ -629,9 +632,7 @@ def test_a_claim_that_raced_the_disconnect_is_released(backend: Backend) -> None
                 await_only(asyncio.sleep(0.05))  # the watcher runs meanwhile
                 return got
 
-            spec = __import__("novaque.broker._wire", fromlist=["Receive"]).Receive(
-                wait=5, max_messages=10
-            )
+            spec = Receive(wait=5, max_messages=10)
             with pytest.raises(Exception) as raised:
                 await broker._long_poll(receive, "orders", "billing", fetch_once, spec)
             assert type(raised.value).__name__ == "_Gone"
@@ -784,8 +785,6 @@ def test_tokens_file_is_read_checked_and_reloaded(tmp_path: Path) -> None:
     # A new token added: read again (the file is looked at once a second at most).
     other = new_token()
     path.write_text(path.read_text() + token_toml(other, ["admin"]))
-    import os
-
     os.utime(path, (time.time() + 5, time.time() + 5))
     made._checked = 0.0
     assert made.find(other) is not None
@@ -818,7 +817,7 @@ def test_the_cli_makes_tokens_and_serve_needs_a_tokens_file(tmp_path: Path) -> N
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [*__import__("sys").executable.split(), "-m", "novaque.cli", *args],
+            [sys.executable, "-m", "novaque.cli", *args],
             capture_output=True,
             text=True,
             cwd=tmp_path,
