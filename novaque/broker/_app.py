@@ -367,18 +367,20 @@ class BrokerApp:
         self._closers.add(closing)
         try:
             await asyncio.wait({task, watcher, closing}, return_when=asyncio.FIRST_COMPLETED)
+            gone = watcher.done() and not watcher.cancelled()
         except asyncio.CancelledError:
             await self._abandon(task, poll, spec)
             raise
         finally:
             watcher.cancel()
             self._closers.discard(closing)
+        if gone:  # even if the poll has just got messages: nobody would read them
+            await self._abandon(task, poll, spec)
+            raise _Gone
         if task.done():
             return task.result()
         await self._abandon(task, poll, spec)
-        if closing.done():
-            return []  # the server stops: an empty answer, nothing left leased
-        raise _Gone
+        return []  # the server stops: an empty answer, nothing left leased
 
     def close(self) -> None:
         """The server stops: waiting receives answer at once (``[]``), and
