@@ -802,6 +802,35 @@ def test_tokens_file_is_read_checked_and_reloaded(tmp_path: Path) -> None:
         Tokens.from_file(tmp_path / "missing.toml")
 
 
+def test_the_app_mounts_under_a_prefix(tmp_path: Path) -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    url = f"sqlite:///{tmp_path / 'mounted.db'}"
+    migrating = novaque.connect(url)
+    migrating.migrate()
+    migrating.shutdown()
+
+    async def scenario() -> tuple[int, int]:
+        client = novaque.aio.connect(url)
+        try:
+            app = Starlette(routes=[Mount("/queues", create_app(client, tokens=tokens()))])
+            transport = httpx.ASGITransport(app=app)
+            headers = {"Authorization": f"Bearer {token_of('admin')}"}
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://app", headers=headers
+            ) as http:
+                sent = await http.post(
+                    "/queues/v1/topics/orders/messages", json={"messages": [{"body": "a"}]}
+                )
+                missing = await http.get("/v1/health")
+                return sent.status_code, missing.status_code
+        finally:
+            await client.shutdown()
+
+    assert asyncio.run(scenario()) == (201, 404)
+
+
 def test_create_app_needs_an_async_client_and_tokens(tmp_path: Path) -> None:
     sync = novaque.connect(f"sqlite:///{tmp_path / 'x.db'}")
     with pytest.raises(TypeError, match=r"novaque\.aio"):
