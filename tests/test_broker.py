@@ -9,6 +9,7 @@ import base64
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -800,6 +801,50 @@ def test_tokens_file_is_read_checked_and_reloaded(tmp_path: Path) -> None:
             Tokens.from_file(path)
     with pytest.raises(TokensError, match="cannot read"):
         Tokens.from_file(tmp_path / "missing.toml")
+
+
+def test_serve_takes_the_url_of_every_command_and_stops_on_sigterm(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """``novaque --url URL serve`` with the URL the other commands take (a sync
+    driver: PyMySQL, pysqlite): served through the database's asyncio driver."""
+    token = new_token()
+    (tmp_path / "tokens.toml").write_text(token_toml(token, ["admin"]))
+    serving = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "novaque.cli", "--url", backend.url, "serve"),
+            *("--tokens", "tokens.toml", "--port", "0"),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert serving.stdout is not None
+        ready = serving.stdout.readline()
+        assert ready.startswith("novaque broker on http://127.0.0.1:"), ready
+        base = ready.split()[3].removesuffix("/v1/")
+        headers = {"Authorization": f"Bearer {token}"}
+        with httpx.Client(base_url=base, headers=headers, timeout=60) as http:
+            assert http.get("/v1/health").json() == {"status": "up"}
+            put = http.put("/v1/topics/orders/channels/billing", json={})
+            assert put.status_code == 200, put.text
+            sent = http.post("/v1/topics/orders/messages", json={"messages": [{"body": "a"}]})
+            assert sent.status_code == 201, sent.text
+        serving.send_signal(signal.SIGTERM)
+        assert serving.wait(60) == 0
+        assert serving.stderr is not None
+        assert serving.stderr.read().strip().splitlines()[-1] == "stopped"
+    finally:
+        if serving.poll() is None:
+            serving.kill()
+            serving.wait(60)
+        for stream in (serving.stdout, serving.stderr):
+            if stream is not None:
+                stream.close()
+    assert backlog(backend).ready == 1
 
 
 def test_the_app_mounts_under_a_prefix(tmp_path: Path) -> None:

@@ -90,6 +90,33 @@ def _sigterm_stops() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+#: The asyncio drivers the broker runs on; a URL naming another driver of the
+#: database (the one the other commands use) is served through the first.
+_ASYNC_DRIVERS = {
+    "postgresql": ("psycopg", "asyncpg"),
+    "mysql": ("asyncmy", "aiomysql"),
+    "mariadb": ("asyncmy", "aiomysql"),
+    "sqlite": ("aiosqlite",),
+}
+
+
+def async_url(url: str) -> str:
+    """``url`` with an asyncio driver: the same URL every other command takes
+    (``mysql+pymysql://``, ``sqlite:///``...) serves the broker too."""
+    import sqlalchemy as sa
+
+    try:
+        parsed = sa.make_url(url)
+    except sa.exc.ArgumentError:
+        return url  # connect() reports it
+    backend, plus, driver = parsed.drivername.partition("+")
+    backend = "postgresql" if backend == "postgres" else backend
+    drivers = _ASYNC_DRIVERS.get(backend)
+    if not plus or drivers is None or driver in drivers:
+        return url  # no driver named (connect picks the asyncio one), or an asyncio one
+    return parsed.set(drivername=f"{backend}+{drivers[0]}").render_as_string(hide_password=False)
+
+
 def run_serve(args: argparse.Namespace, context: Context) -> int:
     try:
         import starlette  # noqa: F401
@@ -116,7 +143,7 @@ def run_serve(args: argparse.Namespace, context: Context) -> int:
         raise CommandError(
             f"--poll-interval must be a positive number of seconds, got {args.poll_interval}"
         )
-    client = novaque.aio.connect(context.url, poll_interval=args.poll_interval)
+    client = novaque.aio.connect(async_url(context.url), poll_interval=args.poll_interval)
     server = Server(Managed(create_app(client, tokens=tokens), client), args.host, args.port)
     with listening(args.host, args.port):
         server.start()
