@@ -383,6 +383,19 @@ def test_refused_requests_write_nothing(live: Live, backend: Backend) -> None:
     assert error_of(answer) == (400, "invalid")
     assert "complete, abandon, defer, dead_letter, snooze" in answer.json()["error"]["message"]
     assert backlog(backend).in_flight == 1
+    # Out-of-range values refuse the whole request too, before any item.
+    renewing = {"delivery_id": msg["delivery_id"], "lease_token": msg["lease_token"]}
+    too_long = [
+        ("renew", {"items": [renewing], "lease": 8 * 86400}),
+        ("settle", {"items": [item(msg, "snooze", delay=1e9)]}),
+        ("settle", {"items": [item(msg, "snooze")]}),
+        ("deferred", {"delivery_ids": [msg["delivery_id"]], "lease": 0}),
+    ]
+    for endpoint, body in too_long:
+        answer = http.post(f"/v1/topics/orders/channels/billing/{endpoint}", json=body)
+        assert error_of(answer) == (400, "invalid"), (endpoint, body)
+    assert backend.client().claim("orders", "billing") == []  # still leased, as it was
+    assert backlog(backend).in_flight == 1
 
 
 def test_sizes_are_bounded(backend: Backend) -> None:

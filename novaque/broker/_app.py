@@ -475,9 +475,7 @@ class BrokerApp:
         data = await self._json(request)
         _wire.check_fields(data, ("items", "lease"), "the request")
         given = _wire.items(data, "items", _wire.MAX_ITEMS)
-        lease = (
-            None if data.get("lease") is None else _wire.positive_seconds(data["lease"], "lease")
-        )
+        lease = None if data.get("lease") is None else _wire.lease(data["lease"])
         pairs = [
             _wire.lease_pair(item, f"item {n}", ("delivery_id", "lease_token"))
             for n, item in enumerate(given, 1)
@@ -510,9 +508,7 @@ class BrokerApp:
         _wire.check_fields(data, ("delivery_ids", "lease"), "the request")
         given = _wire.items(data, "delivery_ids", _wire.MAX_DEFERRED)
         ids = [_wire.delivery_id(v, "each of delivery_ids") for v in given]
-        lease = (
-            None if data.get("lease") is None else _wire.positive_seconds(data["lease"], "lease")
-        )
+        lease = None if data.get("lease") is None else _wire.lease(data["lease"])
         got = await self.client.claim_deferred(topic, channel, ids, lease=lease)
         return JSONResponse({"messages": [_wire.message_json(m) for m in got]})
 

@@ -16,8 +16,9 @@ from dataclasses import dataclass, fields, is_dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from novaque._validate import MAX_ID
+from novaque._validate import MAX_ID, MAX_LEASE_S
 from novaque.models import Message
+from novaque.options import MAX_DELAY_S
 
 __all__ = [
     "MAX_DEFERRED",
@@ -120,6 +121,14 @@ def positive_seconds(value: object, what: str) -> float:
     got = seconds(value, what)
     if got <= 0:
         raise invalid(f"{what} must be a positive number of seconds, got {got:g}")
+    return got
+
+
+def lease(value: object, what: str = "lease") -> float:
+    """A lease: positive seconds, at most what the client allows (7 days)."""
+    got = positive_seconds(value, what)
+    if got > MAX_LEASE_S:
+        raise invalid(f"{what} must be at most {MAX_LEASE_S:g} seconds (7 days), got {got:g}")
     return got
 
 
@@ -270,7 +279,7 @@ def receive(data: Mapping[str, Any]) -> Receive:
             raise invalid(f"mode must be one of {', '.join(MODES)}, got {shown(mode)}")
         got["mode"] = mode
     if data.get("lease") is not None:
-        got["lease"] = positive_seconds(data["lease"], "lease")
+        got["lease"] = lease(data["lease"])
     if data.get("attempt_id") is not None:
         got["attempt_id"] = string(data["attempt_id"], "attempt_id")
     if got.get("mode") == "receive_and_delete":
@@ -327,7 +336,7 @@ def settle_item(value: object, n: int) -> Settle:
             raise invalid(f"{where}: {key} is not for action {action}")
     delay = None
     if data.get("delay") is not None:
-        delay = seconds(data["delay"], f"{where}: delay")
+        delay = seconds(data["delay"], f"{where}: delay", high=MAX_DELAY_S)
     elif action == "snooze":
         raise invalid(f"{where}: action snooze needs delay (seconds)")
     error = None if data.get("error") is None else string(data["error"], f"{where}: error")
