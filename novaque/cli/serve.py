@@ -144,7 +144,9 @@ def run_serve(args: argparse.Namespace, context: Context) -> int:
             f"--poll-interval must be a positive number of seconds, got {args.poll_interval}"
         )
     client = novaque.aio.connect(async_url(context.url), poll_interval=args.poll_interval)
-    server = Server(Managed(create_app(client, tokens=tokens), client), args.host, args.port)
+    app = Managed(create_app(client, tokens=tokens), client)
+    # --debug logs every request too (uvicorn's access log: never a body).
+    server = Server(app, args.host, args.port, access_log=bool(args.debug))
     with listening(args.host, args.port):
         server.start()
     try:
