@@ -1,8 +1,8 @@
 """A consumer process for the multi-process runtime tests.
 
 ``python -m tests.runtime_workers URL TOPIC CHANNEL OUT [--max-in-flight N]
-[--lease S] [--poll-interval S] [--handle-ms MS]`` subscribes with a handler that writes one line when it starts
-and one when it ends::
+[--lease S] [--poll-interval S] [--handle-ms MS]`` subscribes with a handler
+that writes one line when it starts and one when it ends::
 
     S <delivery id> <lease token> <message id> <monotonic ns>
     E <delivery id> <lease token> <message id> <monotonic ns>
