@@ -46,9 +46,9 @@ from benchmarks._databases import BACKENDS, Database
 from benchmarks._procs import WorkerPool
 from benchmarks.floor import Floor
 
-WORKLOADS = ("W1a", "W1b", "W2", "W3", "W4", "W5", "W6", "W7", "W8")
+WORKLOADS = ("W1a", "W1b", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W10")
 #: Workloads whose figure is measured against another workload's.
-NEEDS = {"W4": "W2", "W6": "W1b", "W7": "W2", "W8": "W6"}
+NEEDS = {"W4": "W2", "W6": "W1b", "W7": "W2", "W8": "W6", "W10": "W2"}
 #: The twins: novaque.Client ("sync") and novaque.aio.AsyncClient ("aio").
 CLIENTS = ("sync", "aio")
 #: The workloads the asyncio twin runs too (W4-W6 have the sync client only).
@@ -400,8 +400,9 @@ class BackendRun:
         keep: bool,
         n: int | None = None,
         groups: int = 0,
+        urgent: int = 0,
     ) -> None:
-        """W2, W4 and W7: the floor and each twin's consumer drain in turns, slice by slice.
+        """W2, W4, W7 and W10: the floor and each twin's consumer drain in turns, slice by slice.
 
         All queues are filled first (each twin on a topic of its own, so the
         sides never share messages); then each slice of ``n / 10`` messages
@@ -409,7 +410,9 @@ class BackendRun:
         every slice), each side's clock running only during its own slices.
         ``keep`` leaves novaque's tables alone between runs (W4's backlog).
         ``n`` messages (W2's count by default), over ``groups`` groups of a
-        group FIFO channel when given (W7).
+        group FIFO channel when given (W7); the last ``urgent`` published
+        with a priority that puts them first (W10: where the last of them was
+        handled, in the row's extra).
         """
         s = self.sizes
         n = s.w2_messages if n is None else n
@@ -439,6 +442,7 @@ class BackendRun:
                         topic=topic if client == "sync" else f"{topic}-{client}",
                         side=self._side(client),
                         groups=groups,
+                        urgent=urgent,
                     )
                     spent[client] = 0.0
                 conn = self.floor.connect()
@@ -459,6 +463,10 @@ class BackendRun:
                 if conn is not None:
                     conn.close()
                 extras = {c: drain.close() for c, drain in drains.items()}
+                for c, drain in drains.items():
+                    if urgent:
+                        extras[c]["urgent_left"] = drain.urgent_left
+                        extras[c]["last_urgent_at"] = drain.last_urgent_at
             self._add_runs(
                 rows,
                 Run(floor_done, n, spent["floor"]),
@@ -548,6 +556,18 @@ class BackendRun:
         row.notes.append(f"{s.w7_messages:,} messages over {s.w7_groups:,} groups, group_fifo")
         self._drains(rows, nq.TOPIC, keep=False, n=s.w7_messages, groups=s.w7_groups)
 
+    def _w10(self) -> None:
+        s = self.sizes
+        rows = self._rows("W10", "msg/s")
+        row = rows["sync"]
+        row.floor_label = "the floor's W2 drain (no priorities), interleaved"
+        urgent = s.w2_messages // 10
+        row.notes.append(
+            f"{s.w2_messages:,} messages, the last {urgent:,} published with priority "
+            f"{nq.URGENT}: all of them handled among the first {urgent + 2 * s.max_in_flight:,}"
+        )
+        self._drains(rows, nq.TOPIC, keep=False, urgent=urgent)
+
     def _w8(self) -> None:
         s = self.sizes
         rows = self._rows("W8", "msg/s")
@@ -594,6 +614,8 @@ class BackendRun:
                     per = row.ratio / w1b.ratio
                     row.figure = f"W6/W1b {per:.2f}"
                     row.target, row.met = "W6/W1b >= 0.5", per >= 0.5
+            elif name == "W10":
+                self._judge_urgent(row, rows.get("W2"))
             elif name in ("W7", "W8"):
                 base, least = ("W2", 0.5) if name == "W7" else ("W6", 0.7)
                 other = rows.get(base)
@@ -612,6 +634,22 @@ class BackendRun:
                         row.target, row.met = "x2/x1 >= 1.3", scale >= 1.3
             if row.partial:
                 row.met = False if row.met is not None else None
+
+    def _judge_urgent(self, row: Row, w2: Row | None) -> None:
+        """W10: at least 0.9 of W2's ratio, and the urgent messages, published
+        last, handled first (the last of them within the first tenth plus two
+        consumer batches) in every run."""
+        if w2 is None or w2.ratio is None or row.ratio is None:
+            return
+        per = row.ratio / w2.ratio
+        urgent = self.sizes.w2_messages // 10
+        bound = urgent + 2 * self.sizes.max_in_flight
+        runs = row.novaque
+        late = [r.extra.get("last_urgent_at", 0) for r in runs if r.extra.get("urgent_left")]
+        last = max((r.extra.get("last_urgent_at", 0) for r in runs), default=0)
+        first = not late and last <= bound
+        row.figure = f"W10/W2 {per:.2f}, last urgent handled {last:,} of {self.sizes.w2_messages:,}"
+        row.target, row.met = f"W10/W2 >= 0.9, urgent within {bound:,}", per >= 0.9 and first
 
     def _judge_latency(self, row: Row) -> None:
         """W3's targets, the same for both twins."""
@@ -713,9 +751,9 @@ def table(rows: list[Row]) -> str:
         )
     if any(r.floor_label for r in rows):
         notes.append(
-            "* W6's and W8's floor publishes as in W1b (it has no fan-out), W4's and W7's floor "
-            "drains as in W2; W6/W1b, W4/W2, W7/W2 and W8/W6 are ratios of the two ratios to "
-            "the floor."
+            "* W6's and W8's floor publishes as in W1b (it has no fan-out), W4's, W7's and "
+            "W10's floor drains as in W2; W6/W1b, W4/W2, W7/W2, W8/W6 and W10/W2 are ratios of "
+            "the two ratios to the floor."
         )
     return "\n".join(out + notes)
 

@@ -132,6 +132,10 @@ def batches(n: int, size: int) -> Iterator[list[bytes]]:
         yield [body(i) for i in range(start, min(n, start + size))]
 
 
+#: W10's urgent messages' priority.
+URGENT = -10
+
+
 def prefill(
     client: Any,
     n: int,
@@ -140,14 +144,25 @@ def prefill(
     batch: int = 1000,
     side: SyncSide | None = None,
     groups: int = 0,
+    urgent: int = 0,
 ) -> None:
     """Publish ``n`` messages with ``publish_many`` (setup, not timed), on either
-    twin; with ``groups``, message ``i`` in group ``i % groups``."""
+    twin; with ``groups``, message ``i`` in group ``i % groups``; the last
+    ``urgent`` of them with priority :data:`URGENT` (W10's)."""
     side = side or SYNC
-    for start in range(0, n, batch):
-        numbers = range(start, min(n, start + batch))
-        keys = [f"g{i % groups}" for i in numbers] if groups else None
-        side.call(client, "publish_many", topic, [body(i) for i in numbers], groups=keys)
+    plain = n - urgent
+    for first, last, priority in ((0, plain, 0), (plain, n, URGENT)):
+        for start in range(first, last, batch):
+            numbers = range(start, min(last, start + batch))
+            keys = [f"g{i % groups}" for i in numbers] if groups else None
+            side.call(
+                client,
+                "publish_many",
+                topic,
+                [body(i) for i in numbers],
+                groups=keys,
+                priority=priority,
+            )
 
 
 # -- the two twins: how a workload drives each -----------------------------------------
@@ -433,8 +448,12 @@ class GatedDrain:
         prefilled: bool = False,
         side: SyncSide = SYNC,
         groups: int = 0,
+        urgent: int = 0,
     ) -> None:
         self.n = n
+        #: W10: how many messages were handled before the last urgent one.
+        self.urgent_left = urgent
+        self.last_urgent_at = 0
         self.topic = topic
         self.db = db
         self.side = side
@@ -449,13 +468,16 @@ class GatedDrain:
         ordering = "group_fifo" if groups else None
         side.call(self.client, "ensure_channel", topic, CHANNEL, ordering=ordering)
         if not prefilled:
-            prefill(self.client, n, topic=topic, side=side, groups=groups)
+            prefill(self.client, n, topic=topic, side=side, groups=groups, urgent=urgent)
         db.analyze()
         handler = side.handler(self._count, self._gate)
         self.consumer = side.subscribe(self.client, handler, sizes, topic)
 
     def _count(self, msg: novaque.Message) -> None:
         self.handled = next(self._counter)
+        if msg.priority == URGENT:
+            self.urgent_left -= 1
+            self.last_urgent_at = self.handled
         if self.handled >= self._target and not self._reached.is_set():
             self._at = time.perf_counter()
             self._reached.set()

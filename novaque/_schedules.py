@@ -41,6 +41,7 @@ class Schedules:
         ttl: Duration | None = None,
         max_attempts: int | None = None,
         catch_up: str = "latest",
+        priority: int = 0,
     ) -> ScheduleInfo:
         """Create the schedule ``name`` (a name like a topic's), which publishes
         ``body`` to ``topic`` at each fire, or replace its definition.
@@ -54,7 +55,8 @@ class Schedules:
         occurs twice fires once, the first time.
 
         Each fire publishes one message (``ttl`` and ``max_attempts`` as for
-        :meth:`publish`, the client's defaults when None) with ``headers`` and
+        :meth:`publish`, the client's defaults when None; ``priority`` as for
+        :meth:`publish`) with ``headers`` and
         two of novaque's: ``novaque-schedule`` (the name) and
         ``novaque-fire-at`` (the fire's scheduled time, ISO 8601 UTC), which
         replace any of those names in ``headers``. The maintenance pass of
@@ -69,11 +71,10 @@ class Schedules:
         parameters back to their defaults), keeps whether it is paused and its
         last fire, and computes its next fire from the clock. The topic is
         created if missing. A bad parameter raises :class:`TypeError` or
-        :class:`~novaque.InvalidOption` and stores nothing. Priorities are
-        not part of a schedule yet.
+        :class:`~novaque.InvalidOption` and stores nothing.
         """
         definition = self._definition(
-            name, topic, body, cron, every, timezone, headers, ttl, max_attempts, catch_up
+            name, topic, body, cron, every, timezone, headers, ttl, max_attempts, catch_up, priority
         )
         info = self._context.run_timed("", schedules_op.define, definition)
         self._context.schedules_look_at = 0  # its first fire may be the earliest
@@ -91,6 +92,7 @@ class Schedules:
         ttl: object,
         max_attempts: object,
         catch_up: object,
+        priority: object,
     ) -> schedules_op.Definition:
         """The validated definition of a ``schedule`` call."""
         name = _validate.name(name, "schedule")
@@ -124,7 +126,15 @@ class Schedules:
                 )
             attempts = check_int(max_attempts, "max_attempts", 1, MAX_ATTEMPTS)
         return schedules_op.Definition(
-            name, topic, data, header_text, timing, ttl_us, attempts, _fires.catch_up(catch_up)
+            name,
+            topic,
+            data,
+            header_text,
+            timing,
+            ttl_us,
+            attempts,
+            _fires.catch_up(catch_up),
+            _validate.priority(priority),
         )
 
     def unschedule(self, name: str) -> bool:

@@ -24,6 +24,7 @@ __all__ = [
     "ENGINE_CHECKED",
     "ORDERINGS",
     "PARKED_OFFSET",
+    "QUEUE_AUTOVACUUM",
     "REVISION_TABLE",
     "STATE_DEAD",
     "STATE_DEFERRED",
@@ -127,6 +128,19 @@ BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 Micros = sa.BigInteger  # microseconds since the Unix epoch, UTC
 
 _mysql_table: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4"}
+
+#: PostgreSQL's autovacuum settings of the tables that turn over whole (the
+#: deliveries, the messages): vacuum after a number of dead row versions
+#: whatever the table's size, unthrottled (migration 0012 says why each value).
+QUEUE_AUTOVACUUM = {
+    "autovacuum_vacuum_scale_factor": 0,
+    "autovacuum_vacuum_threshold": 5000,
+    "autovacuum_vacuum_insert_scale_factor": 0,
+    "autovacuum_vacuum_insert_threshold": 20000,
+    "autovacuum_vacuum_cost_delay": 0,
+    "autovacuum_analyze_scale_factor": 0,
+    "autovacuum_analyze_threshold": 10000,
+}
 
 #: Where the foreign keys of ``novaque_messages.topic_id`` and
 #: ``novaque_deliveries.message_id`` and ``channel_id`` exist: not on
@@ -236,6 +250,7 @@ messages = sa.Table(
     sa.Index(None, "topic_id", "published_at", "id"),
     sa.Index(None, "expires_at"),
     sqlite_autoincrement=True,
+    postgresql_with=QUEUE_AUTOVACUUM,
     **_mysql_table,
 )
 
@@ -285,6 +300,7 @@ deliveries = sa.Table(
         postgresql_where=sa.text("group_key IS NOT NULL"),
     ),
     sqlite_autoincrement=True,
+    postgresql_with=QUEUE_AUTOVACUUM,
     **_mysql_table,
 )
 

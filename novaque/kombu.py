@@ -356,6 +356,7 @@ class Channel(virtual.Channel):
             delay=delay,
             ttl=ttl,
             max_attempts=self.max_attempts,
+            priority=_priority(message.get("properties", {}).get("priority")),
         )
 
     # -- consuming ------------------------------------------------------------------
@@ -543,6 +544,15 @@ def _payload(msg: novaque.Message) -> dict[str, Any]:
     info = properties.setdefault("delivery_info", {})
     info["redelivered"] = msg.attempts > 1
     return payload
+
+
+def _priority(value: Any) -> int:
+    """A kombu message's ``priority`` (0-9, Celery's ``priority=``; 0 first, as
+    kombu's Redis transport takes it) as novaque's: unchanged, an absent one 0
+    and one outside 0-9 brought to the nearest end."""
+    if value is None or isinstance(value, bool):
+        return 0
+    return min(max(int(value), 0), 9)
 
 
 def _eta_delay(headers: dict[str, Any]) -> float | None:

@@ -236,7 +236,8 @@ class ScheduleInfo:
     the schedule was defined) is set. ``next_fire_at`` is the scheduled time of
     its next fire, ``last_fire_at`` that of the last fire published (None
     before the first). ``catch_up`` says which missed fires are published
-    (``"latest"``, ``"none"`` or ``"all"``).
+    (``"latest"``, ``"none"`` or ``"all"``). ``priority`` is each fire's
+    message's.
     """
 
     name: str
@@ -248,3 +249,4 @@ class ScheduleInfo:
     last_fire_at: datetime | None
     paused: bool
     catch_up: Literal["latest", "none", "all"]
+    priority: int = 0

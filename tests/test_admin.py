@@ -474,9 +474,7 @@ def test_channel_page_shows_the_defaults_a_channel_falls_back_to(
 
 
 def test_channel_page_shows_the_limits(web: WSGIClient, client: novaque.Client) -> None:
-    client.ensure_channel(
-        "orders", "billing", max_leased=8, rate_limit=(100, timedelta(minutes=1))
-    )
+    client.ensure_channel("orders", "billing", max_leased=8, rate_limit=(100, timedelta(minutes=1)))
     client.ensure_channel("orders", "fair", group_max_leased=2, rate_limit=(5, 1.5))
     client.ensure_channel("orders", "audit")
     billing = settings_table(web.get("/admin/topics/orders/channels/billing").text)

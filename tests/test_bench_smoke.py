@@ -58,7 +58,7 @@ def check_rows(
             assert row["novaque"] > 0
             assert row["floor"] > 0
             assert row["ratio"] > 0
-        if row["workload"] in ("W2", "W4", "W7"):
+        if row["workload"] in ("W2", "W4", "W7", "W10"):
             assert row["novaque_runs"][0]["left_after"] == 0  # every message was acked
             assert row["novaque_runs"][0]["consumer"] == "subscribe"
         if row["client"] == "aio":
@@ -80,12 +80,18 @@ def check_rows(
         assert rows["W7"]["figure"].startswith("W7/W2 ")
     if "W8" in rows:
         assert rows["W8"]["figure"].startswith("W8/W6 ")
+    if "W10" in rows:
+        assert rows["W10"]["figure"].startswith("W10/W2 ")
+        (run,) = rows["W10"]["novaque_runs"]
+        assert run["urgent_left"] == 0  # every urgent message was handled, ...
+        # ... before all but two consumer batches of the others
+        assert 0 < run["last_urgent_at"] <= run["done"] // 10 + 2 * report["sizes"]["max_in_flight"]
 
 
 def test_every_workload_on_sqlite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     status, report = bench(tmp_path, "--backend", "sqlite")
     assert status == 0
-    workloads = ["W1a", "W1b", "W2", "W3", "W4", "W5 x1", "W5 x2", "W5 x4", "W6", "W7", "W8"]
+    workloads = ["W1a", "W1b", "W2", "W3", "W4", "W5 x1", "W5 x2", "W5 x4", "W6", "W7", "W8", "W10"]
     check_rows(report, "sqlite", workloads)
     assert report["machine"]["cores"] >= 1
     assert report["runs"] == 1

@@ -91,6 +91,32 @@ def test_a_spread_claim_whose_slice_has_none_due_takes_the_oldest_due(
 
 
 @pytest.mark.parametrize("backend", ["mysql"], indirect=True)
+def test_a_spread_claim_takes_its_slice_of_the_lowest_priority_first(
+    backend: Backend, client: novaque.Client, spread: Callable[[int], list[int]]
+) -> None:
+    """Urgent deliveries go first whatever the slice: the claim looks in its
+    slice of the lowest priority, then in all of that priority, then in the
+    next priority."""
+    spread(0)
+    urgent = client.publish_many("t", [f"u{i}".encode() for i in range(20)], priority=-1)
+    due = spread(0)
+    urgent_due = [i for i in due if i > max(due) - 20]
+    crowded = max(range(SLICES), key=lambda s: sum(slice_of(i) == s for i in urgent_due))
+    spread(crowded)
+    in_slice = [i for i in urgent_due if slice_of(i) == crowded]
+    got = client.claim("t", "c", max_messages=len(in_slice))
+    assert delivery_ids(got) == in_slice
+    assert {m.id for m in got} <= set(urgent)
+    # The slice has no urgent one left: every urgent one, then the slice's others.
+    rest = client.claim("t", "c", max_messages=100)
+    left = 20 - len(in_slice)
+    assert [m.priority for m in rest[:left]] == [-1] * left
+    later = rest[left:]
+    assert later
+    assert all(m.priority == 0 and slice_of(m.delivery_id) == crowded for m in later)
+
+
+@pytest.mark.parametrize("backend", ["mysql"], indirect=True)
 def test_a_spread_claim_of_a_paused_channel_takes_nothing(
     backend: Backend, client: novaque.Client, spread: Callable[[int], list[int]]
 ) -> None:

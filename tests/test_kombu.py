@@ -326,6 +326,21 @@ def test_no_ack_takes_the_message_for_good(broker: str) -> None:
         assert drain(conn, queue) == []
 
 
+def test_kombu_priority_is_novaques_priority(broker: str) -> None:
+    """Celery's ``priority=`` (kombu's 0-9, 0 first) orders the queue; a value
+    outside 0-9 goes to the nearest end."""
+    queue = Queue("ranked")
+    with Connection(broker) as conn:
+        queue(conn.default_channel).declare()
+        producer = conn.Producer()
+        producer.publish({"n": "plain"}, routing_key="ranked")
+        producer.publish({"n": "nine"}, routing_key="ranked", priority=9)
+        producer.publish({"n": "three"}, routing_key="ranked", priority=3)
+        producer.publish({"n": "zero"}, routing_key="ranked", priority=0)
+        producer.publish({"n": "huge"}, routing_key="ranked", priority=255)
+        assert [p["n"] for p in drain(conn, queue)] == ["plain", "zero", "three", "nine", "huge"]
+
+
 def test_consumer_drains_with_prefetch_and_purge_counts(broker: str) -> None:
     queue = Queue("bulk", Exchange("bulk", "direct"), "bulk")
     with Connection(broker, transport_options={"polling_interval": 0.01}) as conn:

@@ -58,7 +58,7 @@ def test_downgrading_0011_drops_priorities_and_limits_and_keeps_the_rest(
     backend: Backend, tmp_path: Path
 ) -> None:
     engine, client, _ = _migrated_0004(backend, tmp_path)
-    client.migrate(to="0011")
+    client.migrate()
     client.publish("orders", b"normal")
     client.publish("orders", b"urgent", priority=-1)
     before = _rows_without_new(engine)

@@ -80,6 +80,29 @@ def test_every_fires_on_a_fixed_grid_from_the_call_with_its_headers(
     assert got.next_fire_at == START + timedelta(minutes=3)
 
 
+def test_a_schedules_fires_carry_its_priority(client: novaque.Client, clock: FakeClock) -> None:
+    client.ensure_channel("reports", "mailer")
+    info = client.schedule("urgent", "reports", b"now!", every=60, priority=-20)
+    assert info.priority == -20
+    assert client.list_schedules() == [info]
+    client.publish("reports", b"earlier, plain")
+    clock.advance(61)
+    client.run_maintenance()
+    got = client.claim("reports", "mailer", max_messages=10)
+    assert [(m.body, m.priority) for m in got] == [(b"now!", -20), (b"earlier, plain", 0)]
+    # replacing the definition takes its priority (omitted: back to 0)
+    assert client.schedule("urgent", "reports", b"now!", every=60).priority == 0
+
+
+@pytest.mark.parametrize(("value", "error"), [(None, TypeError), (101, novaque.InvalidOption)])
+def test_a_bad_schedule_priority_stores_nothing(
+    client: novaque.Client, value: object, error: type[Exception]
+) -> None:
+    with pytest.raises(error, match="priority must be"):
+        client.schedule("s", "reports", every=60, priority=value)  # type: ignore[arg-type]
+    assert client.list_schedules() == []
+
+
 def test_cron_fires_in_its_time_zone(client: novaque.Client, clock: FakeClock) -> None:
     client.ensure_channel("reports", "mailer")
     info = client.schedule("morning", "reports", cron="0 9 * * 1-5", timezone="Europe/Paris")

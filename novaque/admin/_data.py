@@ -317,6 +317,7 @@ def schedule(info: ScheduleInfo) -> dict[str, Any]:
         "last_fire_at": None if info.last_fire_at is None else info.last_fire_at.isoformat(),
         "paused": info.paused,
         "catch_up": info.catch_up,
+        "priority": info.priority,
     }
 
 
@@ -473,6 +474,7 @@ def message(info: MessageInfo, channel_names: list[str], limit: int) -> dict[str
         "headers": dict(info.headers),
         "published_at": iso(info.published_at),
         "expires_at": iso(info.expires_at),
+        "priority": info.priority,
         **preview(info.body, limit),
         "deliveries": states,
         # whether cancel() would delete something: a delivery never attempted

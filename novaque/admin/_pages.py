@@ -278,7 +278,9 @@ resumed, its missed fires by its catch-up rule.</p>
         if settings["filter"] is not None:
             tags += f' <span class="tag" title="{h(settings["filter"])}">filtered</span>'
         limits = [
-            f"{name}={settings[name]}" for name in ("max_leased", "group_max_leased") if settings[name]
+            f"{name}={settings[name]}"
+            for name in ("max_leased", "group_max_leased")
+            if settings[name]
         ]
         if settings["rate_limit"] is not None:
             limits.append(f"rate_limit={_rate(settings['rate_limit'])}")

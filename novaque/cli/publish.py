@@ -46,6 +46,13 @@ def register(commands: Any) -> None:
     publish.add_argument("--ttl", type=_seconds, metavar="SECONDS", help="time to live")
     publish.add_argument("--max-attempts", type=int, metavar="N", help="attempts before dead")
     publish.add_argument("--dedup-key", metavar="KEY", help="publish once per key")
+    publish.add_argument(
+        "--priority",
+        type=int,
+        default=0,
+        metavar="N",
+        help="-100 (first) to 100 (last); default 0",
+    )
     publish.set_defaults(run=run_publish)
 
 
@@ -60,6 +67,7 @@ def run_publish(args: argparse.Namespace, context: Context) -> int:
         max_attempts=args.max_attempts,
         headers=dict(args.header) or None,
         dedup_key=args.dedup_key,
+        priority=args.priority,
     )
     print(message_id)
     return 0

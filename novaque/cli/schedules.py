@@ -50,6 +50,13 @@ def register(commands: Any) -> None:
         default="latest",
         help="which missed fires to publish (default latest)",
     )
+    add.add_argument(
+        "--priority",
+        type=int,
+        default=0,
+        metavar="N",
+        help="each fire's priority, -100 (first) to 100 (last); default 0",
+    )
     add.set_defaults(run=run_add)
     for action, text in (
         ("rm", "delete a schedule"),
@@ -112,6 +119,7 @@ def run_add(args: argparse.Namespace, context: Context) -> int:
         every=every,
         timezone=args.timezone,
         catch_up=args.catch_up,
+        priority=args.priority,
     )
     print(f"schedule {info.name} is ready: next fire {info.next_fire_at.isoformat()}")
     return 0

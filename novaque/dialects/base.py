@@ -246,18 +246,18 @@ def _lowest_lane(*above: sa.ColumnElement[bool]) -> sa.ScalarSelect[Any]:
 lanes = d.alias("lanes")
 #: The claim's lane: the channel's lowest priority at or above ``p_lane``
 #: (one probe of the claim index; a channel of priority 0 alone has one lane).
-_lane = _lowest_lane(lanes.c.priority >= sa.bindparam("p_lane", FIRST_LANE, type_=sa.Integer))
+claim_lane = _lowest_lane(lanes.c.priority >= sa.bindparam("p_lane", FIRST_LANE, type_=sa.Integer))
 #: The lane after the one a claim took from, where a claim that took too few
 #: goes on (None: none): after ``p_after``, the priority of what it took
 #: (a pop deletes it), else after the lane it found empty.
 NEXT_LANE = sa.select(sa.func.min(d.c.priority)).where(
     d.c.channel_id == sa.bindparam("p_channel"),
-    d.c.priority > sa.func.coalesce(sa.bindparam("p_after", None, type_=sa.Integer), _lane),
+    d.c.priority > sa.func.coalesce(sa.bindparam("p_after", None, type_=sa.Integer), claim_lane),
 )
 #: Due deliveries of a channel in one lane (the claim's index range) ...
 _claim_range = sa.and_(
     d.c.channel_id == sa.bindparam("p_channel"),
-    d.c.priority == _lane,
+    d.c.priority == claim_lane,
     d.c.visible_at <= sa.bindparam("p_now"),
     d.c.attempts < d.c.max_attempts,
 )

@@ -40,6 +40,7 @@ from novaque.dialects.base import (
     _inserted_id,
     _lease_values,
     _message_fields,
+    claim_lane,
     claimed_rows,
     d,
     described,
@@ -129,6 +130,7 @@ _slice_candidates = (
     sa.select(d.c.id)
     .where(
         d.c.channel_id == sa.bindparam("p_channel"),
+        d.c.priority == claim_lane,
         d.c.visible_at <= sa.bindparam("p_now"),
         _in_slice,
     )

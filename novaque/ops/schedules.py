@@ -59,6 +59,7 @@ class Definition:
     ttl_us: int | None
     max_attempts: int | None
     catch_up: str
+    priority: int = 0
 
 
 def fire_headers(headers: str | None, name: str, fire_at: int) -> str | None:
@@ -82,6 +83,7 @@ def _info(row: Any) -> ScheduleInfo:
         last_fire_at=None if row.last_fire_at is None else from_us(row.last_fire_at),
         paused=bool(row.paused),
         catch_up=row.catch_up,
+        priority=int(row.priority),
     )
 
 
@@ -95,6 +97,7 @@ _INFO_COLUMNS = (
     s.last_fire_at,
     s.paused,
     s.catch_up,
+    s.priority,
 )
 _get = sa.select(*_INFO_COLUMNS).where(s.name == sa.bindparam("p_name"))
 _list = sa.select(*_INFO_COLUMNS).order_by(s.name)
@@ -118,6 +121,7 @@ def define(
         "ttl_us": definition.ttl_us,
         "max_attempts": definition.max_attempts,
         "catch_up": definition.catch_up,
+        "priority": definition.priority,
         "next_fire_at": timing.first_after(now),
     }
     dialect.insert_ignore(
@@ -216,6 +220,7 @@ def fire(
             delay_us=0,
             max_attempts=attempts,
             groups=[None],
+            priority=int(row.priority),
         )
         effects.append(done.effects(cast("str", row.topic)))
     moved: dict[str, Any] = {"next_fire_at": next_fire_at}
