@@ -97,6 +97,10 @@ class Consuming:
         (and their leases have not expired) returns those deliveries, with
         the same tokens and attempt counts, and claims nothing new, even on a
         paused channel; once none is leased under it, it claims afresh.
+
+        A channel's limits (``max_leased``, ``rate_limit``,
+        ``group_max_leased``: see :meth:`ensure_channel`) hold across every
+        process: a claim gets what fits, possibly nothing.
         """
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
@@ -251,8 +255,9 @@ class Consuming:
         ``attempts`` counts this one. The messages carry no lease
         (``lease_token == ""``): settling one raises :class:`~novaque.LeaseLost`.
         Ordering applies (a popped head lets its group's next delivery go, as
-        an ack does), and a paused channel gives ``[]``. ``wait``: as for
-        :meth:`claim`.
+        an ack does), and a paused channel gives ``[]``. On a channel with
+        ``max_leased`` it takes at most the limit minus what is leased now,
+        and a ``rate_limit`` counts it. ``wait``: as for :meth:`claim`.
         """
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
@@ -294,7 +299,8 @@ class Consuming:
         again (the later ones wait for it). Otherwise it stays deferred. One
         whose attempts are all spent (it was deferred on its last attempt)
         becomes a dead letter instead, with reason ``max_attempts`` (counted
-        ``dead``): ``requeue_dead`` gives it fresh attempts.
+        ``dead``): ``requeue_dead`` gives it fresh attempts. A channel's
+        limits hold: only what fits is leased, the rest stays deferred.
         """
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
