@@ -12,18 +12,20 @@ which forwards these calls here; it is also what a
 from __future__ import annotations
 
 import secrets
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import sqlalchemy as sa
 
 from novaque import _validate, dialects
+from novaque._channel_limits import Hold
 from novaque._context import Context
 from novaque._time import US, from_us
 from novaque.dialects.params import ClaimParams
 from novaque.errors import InvalidOption, LeaseLost
 from novaque.models import Message
-from novaque.ops import Effects, consume
+from novaque.ops import Effects, consume, limits
 from novaque.options import Duration, check_int, microseconds
 
 __all__ = ["MAX_CLAIM", "ChannelIds", "Consuming", "LongPoll"]
@@ -95,6 +97,10 @@ class Consuming:
         (and their leases have not expired) returns those deliveries, with
         the same tokens and attempt counts, and claims nothing new, even on a
         paused channel; once none is leased under it, it claims afresh.
+
+        A channel's limits (``max_leased``, ``rate_limit``,
+        ``group_max_leased``: see :meth:`ensure_channel`) hold across every
+        process: a claim gets what fits, possibly nothing.
         """
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
@@ -132,9 +138,54 @@ class Consuming:
         claim = ClaimParams(
             channel_id, limit, microseconds(lease_s), token, channel_lease, attempt_id
         )
+        if self._context.limits.limited(channel_id):
+            return self._claim_limited(topic, channel, claim)
         op = "claim" if attempt_id is None else ""
         rows, now, effects = self._context.run_timed(op, consume.claim, claim)
+        if not rows and self._limited_now(channel_id):
+            self._context.apply(effects)
+            return self._claim_limited(topic, channel, claim)
         return self._handed_out(topic, channel, channel_id, token, rows, now, effects)
+
+    # -- channels with limits (see novaque._channel_limits) ---------------------------
+
+    def _limited_now(self, channel_id: int) -> bool:
+        """After an empty claim of a channel seen without limits: whether it has
+        some now (read again once :data:`~novaque._channel_limits.LOOK_AGAIN_S`
+        passed since it was last read)."""
+        known = self._context.limits
+        if not known.look_again(channel_id):
+            return False
+        found = self._context.run_op("", limits.is_limited, channel_id)
+        known.seen(channel_id, found)
+        return found
+
+    def _claim_limited(self, topic: str, channel: str, claim: ClaimParams) -> list[Message]:
+        """:meth:`claim_batch` of a channel with limits (:func:`novaque.ops.limits.claim`)."""
+        rows, now, effects, seen = self._context.run_timed("", limits.claim, claim)
+        self._context.limits.seen(claim.channel_id, seen.limited, seen.hold)
+        return self._handed_out(topic, channel, claim.channel_id, claim.token, rows, now, effects)
+
+    def held_back(self, channel_id: int, since: float) -> Hold | None:
+        """What held this client's claims of the channel back since ``since``
+        (``time.monotonic()``), if a limit did (for a consumer's wait)."""
+        return self._context.limits.held_back(channel_id, since)
+
+    def wait_for_room(self, channel_id: int, waker: Callable[[], None]) -> None:
+        """Call ``waker`` once when this client settles a delivery of the channel."""
+        self._context.limits.wait_for_room(channel_id, waker)
+
+    def _freed(self, msgs: Sequence[Message], lost: Sequence[Message] = ()) -> None:
+        """``msgs`` were settled (but ``lost``): wake consumers of this client that
+        a limit of their channel holds back."""
+        known = self._context.limits
+        if not known.waiting:
+            return
+        gone = {id(msg) for msg in lost}
+        for channel_id, count in Counter(
+            msg.channel_id for msg in msgs if id(msg) not in gone
+        ).items():
+            known.freed(channel_id, count)
 
     def _hand_out(
         self,
@@ -204,8 +255,9 @@ class Consuming:
         ``attempts`` counts this one. The messages carry no lease
         (``lease_token == ""``): settling one raises :class:`~novaque.LeaseLost`.
         Ordering applies (a popped head lets its group's next delivery go, as
-        an ack does), and a paused channel gives ``[]``. ``wait``: as for
-        :meth:`claim`.
+        an ack does), and a paused channel gives ``[]``. On a channel with
+        ``max_leased`` it takes at most the limit minus what is leased now,
+        and a ``rate_limit`` counts it. ``wait``: as for :meth:`claim`.
         """
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
@@ -214,7 +266,15 @@ class Consuming:
 
         def fetch() -> list[Message]:
             channel_id = self._channels.channel_id(topic, channel)
-            return self._hand_out(topic, channel, channel_id, "", "", consume.pop, max_messages)
+            if not self._context.limits.limited(channel_id):
+                got = self._hand_out(topic, channel, channel_id, "", "", consume.pop, max_messages)
+                if got or not self._limited_now(channel_id):
+                    return got
+            rows, now, effects, seen = self._context.run_timed(
+                "", limits.pop, channel_id, max_messages
+            )
+            self._context.limits.seen(channel_id, seen.limited, seen.hold)
+            return self._handed_out(topic, channel, channel_id, "", rows, now, effects)
 
         return fetch() if wait_s is None else self._long_poll(topic, channel, fetch, wait_s)
 
@@ -239,7 +299,8 @@ class Consuming:
         again (the later ones wait for it). Otherwise it stays deferred. One
         whose attempts are all spent (it was deferred on its last attempt)
         becomes a dead letter instead, with reason ``max_attempts`` (counted
-        ``dead``): ``requeue_dead`` gives it fresh attempts.
+        ``dead``): ``requeue_dead`` gives it fresh attempts. A channel's
+        limits hold: only what fits is leased, the rest stays deferred.
         """
         _validate.name(topic, "topic")
         _validate.name(channel, "channel")
@@ -320,8 +381,21 @@ class Consuming:
             return self.ack_many(acks), []
         token = secrets.token_hex(16)
         claim = ClaimParams(channel_id, limit, microseconds(lease_s), token, channel_lease)
-        op = "ack_ordered_claim" if consume.ordered(acks) else "ack_claim"
-        lost, rows, now, effects = self._context.run_timed(op, consume.ack_and_claim, acks, claim)
+        known = self._context.limits
+        if known.limited(channel_id):
+            lost, (rows, now, effects, seen) = self._context.run_timed(
+                "", limits.ack_and_claim, acks, claim
+            )
+            known.seen(channel_id, seen.limited, seen.hold)
+            known.freed(channel_id, len(acks) - len(lost) - len(rows))
+        else:
+            op = "ack_ordered_claim" if consume.ordered(acks) else "ack_claim"
+            lost, rows, now, effects = self._context.run_timed(
+                op, consume.ack_and_claim, acks, claim
+            )
+            if not rows and self._limited_now(channel_id):
+                self._context.apply(effects)
+                return lost, self._claim_limited(topic, channel, claim)
         self._context.apply(effects)
         if not rows:
             self._channels.channel_maybe_gone(topic, channel)
@@ -343,6 +417,7 @@ class Consuming:
         op = "ack_ordered" if consume.ordered(msgs) else "ack"
         lost, effects = self._context.run_timed(op, consume.ack, msgs)
         self._context.apply(effects)
+        self._freed(msgs, lost)
         return lost
 
     def requeue(
@@ -429,6 +504,7 @@ class Consuming:
                 self._refuse_past_expiry(msg, delay_s)
             raise LeaseLost(_lost_text(msg))
         self._context.apply(effects)
+        self._freed([msg])
 
     def _refuse_past_expiry(self, msg: Message, delay_s: float) -> None:
         """After a requeue that changed nothing: InvalidOption if the lease is
@@ -482,6 +558,7 @@ class Consuming:
         if not changed:
             raise LeaseLost(_lost_text(msg))
         self._context.apply(effects)
+        self._freed([msg])
 
     def renew(self, msg: Message, *, lease: Duration | None = None) -> Any:
         """Extend ``msg``'s lease to ``lease`` from now (default: the channel's
@@ -502,7 +579,10 @@ class Consuming:
 
     def _release(self, msgs: Sequence[Message]) -> int:
         """Release leased, unstarted deliveries at once; their attempt is not counted."""
-        return self._context.run_timed("", consume.release, msgs)
+        released = self._context.run_timed("", consume.release, msgs)
+        if released:
+            self._freed(msgs)
+        return released
 
     def release(self, msgs: Sequence[Message]) -> int:
         """Give leased deliveries back at once, without counting their attempt.

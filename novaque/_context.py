@@ -22,6 +22,7 @@ from typing import Concatenate, ParamSpec, TypeVar, cast
 import sqlalchemy as sa
 
 from novaque import _migrate, dialects
+from novaque._channel_limits import LimitedChannels
 from novaque._executor import SyncExecutor
 from novaque._stats import StatsBuffer
 from novaque._time import Clock
@@ -89,6 +90,9 @@ class Context:
         self._clock_sampled_at = 0.0
         self._wake_lock = threading.Lock()
         self._wakers: dict[str, list[Callable[[], None]]] = {}
+        #: Which channels have limits, as this client last saw them, and the
+        #: consumers a limit holds back.
+        self.limits = LimitedChannels()
         #: Told when counters arrive in the empty buffer (add_counters_listener).
         self._counters_listeners: list[Callable[[], None]] = []
 

@@ -297,7 +297,7 @@ class Runtime:
         raises before the wait begins.
         """
         context = self.context
-        self.topology.channel_id(topic, channel)
+        channel_id = self.topology.channel_id(topic, channel)
         poll_s = seconds(self.options.poll_interval, "poll_interval", allow_zero=False)
         deadline = time.monotonic() + wait_s
         woken = self._waits.event()
@@ -317,6 +317,9 @@ class Runtime:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return got
+                if context.limits.limited(channel_id):
+                    # A limit may hold the channel back: a settle here makes room.
+                    context.limits.wait_for_room(channel_id, wake)
                 # A wake-up since the waker was added (during the fetch, or
                 # the listener's first one, before it) ends the wait at once;
                 # cleared after it, as the next fetch follows whatever set it.

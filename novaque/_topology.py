@@ -69,6 +69,9 @@ class Topology:
         dead_max_count: int | None = None,
         dead_max_bytes: int | None = None,
         dead_letter_expired: bool | None = None,
+        max_leased: int | None = None,
+        rate_limit: tuple[int, Duration] | None = None,
+        group_max_leased: int | None = None,
         reset: Iterable[str] = (),
     ) -> None:
         """Create ``channel`` on ``topic`` (and the topic) if missing, with settings.
@@ -92,9 +95,18 @@ class Topology:
           bytes): bounds of its dead letters, the oldest died going first;
         - ``dead_letter_expired``: whether a delivery still live when its
           message's TTL passes becomes a dead letter (reason ``"expired"``)
-          instead of being purged.
+          instead of being purged;
+        - ``max_leased``: most deliveries of the channel leased at once,
+          across every process and host (an int >= 1);
+        - ``rate_limit``: ``(count, period)``, most deliveries handed out in
+          each window of ``period`` (1 s to 1 day) aligned to the Unix epoch,
+          across every process and host (count an int >= 1);
+        - ``group_max_leased``: most deliveries of one group leased at once
+          (an int >= 1; standard channels only); deliveries without a group
+          are not limited.
 
-        Settings committed here hold for every claim and publish that starts
+        A limit given as ``None`` is not given (the stored one stays);
+        ``reset`` removes it. Settings committed here hold for every claim and publish that starts
         afterwards, in every process.
         """
         _validate.name(topic, "topic")
@@ -109,8 +121,12 @@ class Topology:
             dead_max_count=dead_max_count,
             dead_max_bytes=dead_max_bytes,
             dead_letter_expired=dead_letter_expired,
+            max_leased=max_leased,
+            rate_limit=rate_limit,
+            group_max_leased=group_max_leased,
         )
         self._context.run_timed("", topology.ensure_channel, topic, channel, settings)
+        self._context.limits.changed()
 
     def channel_settings(self, topic: str, channel: str) -> ChannelSettings:
         """The stored settings of a channel (see :meth:`ensure_channel`)."""

@@ -6,7 +6,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from typing import Any
 
 from novaque import _filters
@@ -401,7 +401,56 @@ CHANNEL_SETTINGS = (
     "dead_max_count",
     "dead_max_bytes",
     "dead_letter_expired",
+    "max_leased",
+    "rate_limit",
+    "group_max_leased",
 )
+
+#: Shortest and longest period of a channel's ``rate_limit`` (seconds).
+MIN_RATE_PERIOD_S = 1.0
+MAX_RATE_PERIOD_S = 86_400.0
+
+
+def leased_limit(value: object, name: str) -> int:
+    """``max_leased`` or ``group_max_leased``: an int from 1 to the largest
+    32-bit INTEGER."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int >= 1 (None: no limit), got {type(value).__name__}")
+    if not 1 <= value <= MAX_INT32:
+        shown = str(value) if value.bit_length() <= 256 else f"a {value.bit_length()}-bit int"
+        raise InvalidOption(f"{name} must be from 1 to {MAX_INT32}, got {shown}")
+    return value
+
+
+def rate_limit(value: object) -> tuple[int, int]:
+    """A channel's ``rate_limit``: ``(count, period)``, count an int >= 1 and
+    period a duration from 1 s to 1 day; as stored: (count, period in
+    microseconds)."""
+    shape = (
+        "rate_limit must be a (count, period) pair such as (100, 60) or (100, timedelta(minutes=1))"
+    )
+    if not isinstance(value, (tuple, list)):
+        raise TypeError(f"{shape} (None: no limit), got {type(value).__name__}")
+    if len(value) != 2:
+        raise TypeError(f"{shape}, got {len(value)} items")
+    count, period = value
+    if not isinstance(count, int) or isinstance(count, bool):
+        raise TypeError(f"rate_limit's count must be an int >= 1, got {type(count).__name__}")
+    if not 1 <= count <= MAX_INT32:
+        shown = str(count) if count.bit_length() <= 256 else f"a {count.bit_length()}-bit int"
+        raise InvalidOption(f"rate_limit's count must be from 1 to {MAX_INT32}, got {shown}")
+    if isinstance(period, bool) or not isinstance(period, (timedelta, int, float)):
+        raise TypeError(
+            "rate_limit's period must be a timedelta or a number of seconds, "
+            f"got {type(period).__name__}"
+        )
+    period_s = period.total_seconds() if isinstance(period, timedelta) else float(period)
+    if not (math.isfinite(period_s) and MIN_RATE_PERIOD_S <= period_s <= MAX_RATE_PERIOD_S):
+        raise InvalidOption(
+            f"rate_limit's period must be from {MIN_RATE_PERIOD_S:.15g} s to "
+            f"{MAX_RATE_PERIOD_S:.15g} s (1 day), got {period_s!r} s"
+        )
+    return count, microseconds(period_s)
 
 
 def channel_settings(reset: object, **given: Any) -> dict[str, Any]:
@@ -418,7 +467,9 @@ def channel_settings(reset: object, **given: Any) -> dict[str, Any]:
             )
         if given.get(item) is not None:
             raise InvalidOption(f"{item} is both given and reset")
-    stored: dict[str, Any] = {("filter_expr" if n == "filter" else n): None for n in names}
+    stored: dict[str, Any] = {}
+    for item in names:
+        stored.update(dict.fromkeys(_COLUMNS_OF.get(item, (item,))))
     if "ordering" in stored:
         stored["ordering"] = ORDERINGS["standard"]
     ordering = given.get("ordering")
@@ -451,4 +502,18 @@ def channel_settings(reset: object, **given: Any) -> dict[str, Any]:
                 f"dead_letter_expired must be True or False, got {type(expired).__name__}"
             )
         stored["dead_letter_expired"] = expired
+    for name in ("max_leased", "group_max_leased"):
+        if given.get(name) is not None:
+            stored[name] = leased_limit(given[name], name)
+    if given.get("rate_limit") is not None:
+        stored["rate_count"], stored["rate_period"] = rate_limit(given["rate_limit"])
+    if stored.get("group_max_leased") is not None and stored.get("ordering", 0) != 0:
+        raise InvalidOption(
+            "group_max_leased applies to standard channels only, not to ordering "
+            f"{ordering!r} (an ordered channel leases one delivery of a group at a time already)"
+        )
     return stored
+
+
+#: The columns of ``novaque_channels`` a setting is stored in, where not its own name.
+_COLUMNS_OF = {"filter": ("filter_expr",), "rate_limit": ("rate_count", "rate_period")}

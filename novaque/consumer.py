@@ -29,6 +29,7 @@ is delivered again once the lease expires, instead of being held forever.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -36,11 +37,12 @@ from datetime import datetime
 from typing import Protocol
 
 from novaque import _validate
+from novaque._channel_limits import Hold
 from novaque._ledger import Ledger, Outcome, split_failed
 from novaque._settle import outcome_of, signal_of, write
 from novaque._signals import Signals
 from novaque._time import US
-from novaque._waits import Runner, Waits, jittered
+from novaque._waits import Event, Runner, Waits, jittered
 from novaque.errors import LeaseLost, SchemaOutOfDate
 from novaque.models import Message
 from novaque.options import Backoff, microseconds
@@ -95,6 +97,15 @@ class ConsumerHost(Protocol):
 
     def release(self, msgs: list[Message]) -> int: ...
 
+    def held_back(self, channel_id: int, since: float) -> Hold | None:
+        """What held the client's claims of the channel back since ``since``
+        (``time.monotonic()``), if a limit of the channel did."""
+        ...
+
+    def wait_for_room(self, channel_id: int, waker: Callable[[], None]) -> None:
+        """Call ``waker`` once when the client settles a delivery of the channel."""
+        ...
+
 
 class ConsumerRuntime(Protocol):
     """Who runs the consumer (the client's runtime): told of its start and
@@ -120,6 +131,10 @@ QUICK_AFTER = 16
 #: Then the longest a delivery waits while others start none, before one more
 #: worker is woken for it.
 STANDBY_S = 0.005
+#: Longest wait of a consumer that a rate limit holds back before it claims
+#: again (it claims when the window ends, if that is sooner): how soon it
+#: follows a rate limit changed in another process.
+RATE_LOOK_S = 60.0
 #: Bounds of the heartbeat's tick (seconds of real time): a quarter of the lease.
 HEARTBEAT_TICK_MIN_S = 0.05
 HEARTBEAT_TICK_MAX_S = 5.0
@@ -232,6 +247,9 @@ class Consumer:
         #: What it holds and owes (changed under ``_lock``).
         self._ledger = Ledger()
         self._wake = waits.event()
+        #: Set when a limit that held claims back may have room again (this
+        #: consumer's or the client's settles), or at shutdown.
+        self._room = waits.event()
         self._stop_claiming = waits.event()
         self._stop_heartbeat = waits.event()
         self._stop_settling = waits.event()  # ends a settler's wait after an error
@@ -327,6 +345,7 @@ class Consumer:
             self._state = _STOPPING
         self._stop_claiming.set()
         self._wake.set()
+        self._room.set()
         return True
 
     def _finish_shutdown(self, deadline: float) -> None:
@@ -384,6 +403,7 @@ class Consumer:
         errors = RetryDelay()
         while True:
             self._wake.clear()
+            self._room.clear()
             if self._stop_claiming.is_set():
                 return
             self._linger()
@@ -400,6 +420,7 @@ class Consumer:
                 # Cached by the client, and looked up again after empty claims
                 # (a channel deleted and created again has a new id).
                 channel_id = self._client.channel_id(self.topic, self.channel)
+                since = time.monotonic()
                 lost, got = self._client.ack_and_claim(
                     [o.msg for o in acks],
                     self.topic,
@@ -419,6 +440,11 @@ class Consumer:
             errors.recovered(self._log, f"consumer of {self.topic}/{self.channel}: claiming")
             self._signals.bump("polls")
             if not got:
+                hold = self._client.held_back(channel_id, since)
+                if hold is not None:
+                    self._signals.bump("held_back")
+                    self._held_back(channel_id, hold)
+                    continue
                 self._wait_wake(jittered(idle))
                 idle = min(idle * 2, self.poll_interval)
                 continue
@@ -435,6 +461,37 @@ class Consumer:
                     continue
             self._release(got)  # shutdown began during the claim
             return
+
+    def _held_back(self, channel_id: int, hold: Hold) -> None:
+        """Wait while a limit of the channel holds claims back: at most one claim
+        per ``poll_interval``, nothing logged.
+
+        Leases fill a limit (``max_leased``, a group's): claim again once the
+        client settles a delivery of the channel (this consumer's own acks go
+        with that claim), else after a poll interval (leases that other
+        processes settle, or that expire). The rate window is used up: claim
+        again when the client's clock reaches the next window (looked at every
+        poll interval, without the database), or after :data:`RATE_LOOK_S`
+        (a changed limit is then followed); meanwhile this consumer's acks are
+        written as its handlers finish.
+        """
+        pace = self.poll_interval * random.uniform(1.0, 1.5)
+        if hold.window_end_us is None:
+            self._client.wait_for_room(channel_id, self._room.set)
+            self._wait_wake(pace, self._room)
+            return
+        deadline = time.monotonic() + RATE_LOOK_S
+        while not self._stop_claiming.is_set():
+            left = min((hold.window_end_us - self._client.now()) / US, deadline - time.monotonic())
+            if left <= 0:
+                return
+            self._wait_wake(min(left, pace), self._room)
+            if self._room.is_set():
+                self._room.clear()
+                with self._lock:
+                    acks = self._ledger.take_acks()
+                if acks:
+                    self._settle_acks(acks)
 
     def _release(self, msgs: list[Message]) -> None:
         """Give unstarted deliveries back at once, their attempt not counted."""
@@ -485,6 +542,7 @@ class Consumer:
                 free = not (self._ledger.work and self._one_by_one())
             if free:
                 self._wake.set()
+                self._room.set()
             self._signals.bump("handled")
             if late:
                 self._log.warning(
@@ -537,15 +595,16 @@ class Consumer:
         self._last_start = time.monotonic()
         return STANDBY_S
 
-    def _wait_wake(self, timeout: float) -> None:
-        """Wait up to ``timeout`` for :meth:`_wake_up`, standing by for quick
-        handlers meanwhile (:meth:`_standby_left`)."""
+    def _wait_wake(self, timeout: float, event: Event | None = None) -> None:
+        """Wait up to ``timeout`` for :meth:`_wake_up` (or ``event``), standing by
+        for quick handlers meanwhile (:meth:`_standby_left`)."""
+        woken = self._wake if event is None else event
         deadline = time.monotonic() + timeout
         while True:
             with self._lock:
                 check = self._standby_left()
             left = deadline - time.monotonic()
-            if left <= 0 or self._wake.wait(left if check is None else min(left, check)):
+            if left <= 0 or woken.wait(left if check is None else min(left, check)):
                 return
 
     def _handle(self, msg: Message) -> Outcome:

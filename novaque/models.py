@@ -182,7 +182,12 @@ class MessageInfo:
 @dataclass(frozen=True, slots=True)
 class ChannelSettings:
     """A channel's settings (see ``Client.ensure_channel``); ``None``: the
-    client's default (``Options``)."""
+    client's default (``Options``), or for a limit: no limit.
+
+    ``max_leased``: most deliveries of the channel leased at once;
+    ``rate_limit``: ``(count, period)``, most deliveries handed out in each
+    window of ``period`` (aligned to the Unix epoch); ``group_max_leased``:
+    most deliveries of one group leased at once."""
 
     ordering: Ordering
     filter: str | None
@@ -193,6 +198,9 @@ class ChannelSettings:
     dead_max_bytes: int | None
     dead_letter_expired: bool | None
     paused: bool
+    max_leased: int | None = None
+    rate_limit: tuple[int, timedelta] | None = None
+    group_max_leased: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,15 +1,16 @@
 """A consumer process for the multi-process runtime tests.
 
 ``python -m tests.runtime_workers URL TOPIC CHANNEL OUT [--max-in-flight N]
-[--lease S] [--poll-interval S]`` subscribes with a handler that writes one line when it starts
-and one when it ends::
+[--lease S] [--poll-interval S] [--handle-ms MS]`` subscribes with a handler
+that writes one line when it starts and one when it ends::
 
     S <delivery id> <lease token> <message id> <monotonic ns>
     E <delivery id> <lease token> <message id> <monotonic ns>
 
 (``time.monotonic_ns`` is one clock for every process of the machine on
 Linux). A message whose body starts with ``hang`` blocks its handler until
-the process dies. The process touches ``OUT.ready`` when subscribed, starts
+the process dies; ``--handle-ms`` makes every other handler take that long
+(work that holds its lease a while). The process touches ``OUT.ready`` when subscribed, starts
 consuming when the file ``go`` appears next to OUT, and shuts down cleanly
 on SIGTERM (the recipe of docs/tutorial.md, "6. Deploy").
 """
@@ -36,6 +37,7 @@ def main() -> None:
     parser.add_argument("--max-in-flight", type=int, default=4)
     parser.add_argument("--lease", type=float, default=30.0)
     parser.add_argument("--poll-interval", type=float, default=0.05)
+    parser.add_argument("--handle-ms", type=float, default=0.0)
     args = parser.parse_args()
 
     out = Path(args.out)
@@ -53,6 +55,8 @@ def main() -> None:
         record("S", msg)
         if msg.body.startswith(b"hang"):
             forever.wait()
+        if args.handle_ms:
+            time.sleep(args.handle_ms / 1000)
         record("E", msg)
 
     client = novaque.Client(

@@ -313,6 +313,9 @@ def test_overview_shape(web: WSGIClient, client: novaque.Client) -> None:
             "dead_max_count": None,
             "dead_max_bytes": None,
             "dead_letter_expired": None,
+            "max_leased": None,
+            "rate_limit": None,
+            "group_max_leased": None,
         },
         "backlog": {"pending": 0, "ready": 2, "in_flight": 0, "dead": 0, "deferred": 0},
         "today": {
@@ -364,6 +367,9 @@ def test_channel_settings_show_and_pause_resume_buttons(
         "dead_max_count": None,
         "dead_max_bytes": None,
         "dead_letter_expired": None,
+        "max_leased": None,
+        "rate_limit": None,
+        "group_max_leased": None,
     }
     assert web.post("/admin/api/topics/orders/channels/billing/pause").json() == {
         "paused": {"topic": "orders", "channel": "billing"}
@@ -439,6 +445,9 @@ def test_channel_page_shows_the_defaults_a_channel_falls_back_to(
         "Dead letters kept, at most": "1000 (the client's default)",
         "Dead-letter bytes, at most": "no limit (the client's default)",
         "Expired deliveries become dead letters": "no (the client's default)",
+        "Leased at once, at most": "no limit",
+        "Handed out, at most": "no limit",
+        "Leased at once per group, at most": "no limit",
     }
     audit = settings_table(web.get("/admin/topics/orders/channels/audit").text)
     assert audit["Lease"] == "1.5 s"
@@ -454,7 +463,40 @@ def test_channel_page_shows_the_defaults_a_channel_falls_back_to(
         "dead_max_bytes": None,
         "dead_letter_expired": False,
     }
-    assert set(detail["defaults"]) == set(detail["settings"]) - {"ordering", "filter", "paused"}
+    assert set(detail["defaults"]) == set(detail["settings"]) - {
+        "ordering",
+        "filter",
+        "paused",
+        "max_leased",
+        "rate_limit",
+        "group_max_leased",
+    }
+
+
+def test_channel_page_shows_the_limits(web: WSGIClient, client: novaque.Client) -> None:
+    client.ensure_channel("orders", "billing", max_leased=8, rate_limit=(100, timedelta(minutes=1)))
+    client.ensure_channel("orders", "fair", group_max_leased=2, rate_limit=(5, 1.5))
+    client.ensure_channel("orders", "audit")
+    billing = settings_table(web.get("/admin/topics/orders/channels/billing").text)
+    assert billing["Leased at once, at most"] == "8"
+    assert billing["Handed out, at most"] == "100 per 60 s"
+    assert billing["Leased at once per group, at most"] == "no limit"
+    fair = settings_table(web.get("/admin/topics/orders/channels/fair").text)
+    assert fair["Leased at once per group, at most"] == "2"
+    assert fair["Handed out, at most"] == "5 per 1.5 s"
+    detail = web.get("/admin/api/topics/orders/channels/billing").json()
+    assert (
+        detail["settings"]["max_leased"],
+        detail["settings"]["rate_limit"],
+        detail["settings"]["group_max_leased"],
+    ) == (8, {"count": 100, "period": 60.0}, None)
+    topic_page = web.get("/admin/topics/orders").text
+    rows = {
+        name: topic_page[topic_page.index(f'data-channel="{name}"') :]
+        for name in ("billing", "fair", "audit")
+    }
+    for name, row in rows.items():
+        assert ("limited" in row[: row.index("</tr>")]) == (name != "audit")
 
 
 def test_channel_page_and_api(web: WSGIClient, client: novaque.Client, clock: FakeClock) -> None:

@@ -81,6 +81,7 @@ def test_downgrading_0009_drops_the_table_and_keeps_the_rest(
     engine, client, _ = _migrated_0004(backend, tmp_path)
     client.migrate()
     client.publish("orders", b"x")
+    client.flush_stats()  # the counters written now, not at some later call
     before = _rows(engine)
 
     client.downgrade(to="0008")

@@ -48,6 +48,7 @@ def test_downgrading_0010_drops_the_schedules_and_keeps_the_rest(
     client.migrate()
     client.publish("orders", b"x")
     client.schedule("nightly", "orders", b"x", every=3600)
+    client.flush_stats()  # the counters written now, not at some later call
     before = _rows(engine)
 
     client.downgrade(to="0009")

@@ -61,6 +61,7 @@ def test_downgrading_0011_drops_priorities_and_limits_and_keeps_the_rest(
     client.migrate()
     client.publish("orders", b"normal")
     client.publish("orders", b"urgent", priority=-1)
+    client.flush_stats()  # the counters written now, not at some later call
     before = _rows_without_new(engine)
 
     client.downgrade(to="0010")

@@ -186,7 +186,8 @@ def count_of(result: object) -> int | None:
 
 
 def settings(client: Client, topic: str, channel: str) -> dict[str, Any]:
-    """A channel's settings as JSON: durations in seconds, None for the defaults."""
+    """A channel's settings as JSON: durations in seconds, None for the defaults
+    (for a limit: no limit); ``rate_limit`` as ``{"count", "period"}``."""
     got = client.channel_settings(topic, channel)
     return {
         "ordering": got.ordering,
@@ -198,7 +199,16 @@ def settings(client: Client, topic: str, channel: str) -> dict[str, Any]:
         "dead_max_count": got.dead_max_count,
         "dead_max_bytes": got.dead_max_bytes,
         "dead_letter_expired": got.dead_letter_expired,
+        "max_leased": got.max_leased,
+        "rate_limit": None
+        if got.rate_limit is None
+        else {"count": got.rate_limit[0], "period": got.rate_limit[1].total_seconds()},
+        "group_max_leased": got.group_max_leased,
     }
+
+
+#: The settings that are limits: None is no limit (no client default applies).
+LIMITS = ("max_leased", "rate_limit", "group_max_leased")
 
 
 def defaults(client: Client) -> dict[str, Any]:

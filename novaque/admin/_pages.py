@@ -277,6 +277,15 @@ resumed, its missed fires by its catch-up rule.</p>
             tags += f' <span class="tag">{h(settings["ordering"])}</span>'
         if settings["filter"] is not None:
             tags += f' <span class="tag" title="{h(settings["filter"])}">filtered</span>'
+        limits = [
+            f"{name}={settings[name]}"
+            for name in ("max_leased", "group_max_leased")
+            if settings[name]
+        ]
+        if settings["rate_limit"] is not None:
+            limits.append(f"rate_limit={_rate(settings['rate_limit'])}")
+        if limits:
+            tags += f' <span class="tag" title="{h(", ".join(limits))}">limited</span>'
         return tags
 
     def _channel_row(self, topic: str, channel: dict[str, Any]) -> str:
@@ -394,6 +403,12 @@ resumed, its missed fires by its catch-up rule.</p>
                 ("Dead letters kept, at most", setting("dead_max_count")),
                 ("Dead-letter bytes, at most", setting("dead_max_bytes")),
                 ("Expired deliveries become dead letters", setting("dead_letter_expired")),
+                ("Leased at once, at most", _value(settings["max_leased"], "", "no limit")),
+                ("Handed out, at most", _rate(settings["rate_limit"])),
+                (
+                    "Leased at once per group, at most",
+                    _value(settings["group_max_leased"], "", "no limit"),
+                ),
             )
         )
         body = f"""
@@ -686,6 +701,13 @@ def _setting(value: object, default: object, unit: str, none: str) -> str:
     if value is None:
         return f"{_value(default, unit, none)} (the client's default)"
     return _value(value, unit, none)
+
+
+def _rate(limit: dict[str, Any] | None) -> str:
+    """A channel's rate limit as the page shows it (``100 per 60 s``)."""
+    if limit is None:
+        return "no limit"
+    return f"{limit['count']} per {_value(limit['period'], ' s', '')}"
 
 
 def _value(value: object, unit: str, none: str) -> str:

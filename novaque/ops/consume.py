@@ -26,10 +26,10 @@ from novaque._tables import (
     messages,
 )
 from novaque._time import from_us
-from novaque.dialects.base import core
+from novaque.dialects.base import core, limited_channel
 from novaque.dialects.params import AckClaimParams, ClaimParams, Link
 from novaque.models import Message
-from novaque.ops import Effects, _groups
+from novaque.ops import Effects, _groups, _room
 from novaque.ops._sql import MESSAGE_LANE, dead_values
 
 d = deliveries
@@ -98,7 +98,7 @@ _release = (
 )
 
 
-def _counted(field: str, now: int, channel_ids: dict[int, int]) -> Effects:
+def counted(field: str, now: int, channel_ids: dict[int, int]) -> Effects:
     tally = Tally()
     tally.add(field, now, channel_ids)
     return Effects(tally=tally)
@@ -121,7 +121,7 @@ def claim(
         if held:
             return held, now, Effects()
     rows = dialect.claim(link, p)
-    return rows, now, _counted("claimed", now, {p.channel_id: len(rows)} if rows else {})
+    return rows, now, counted("claimed", now, {p.channel_id: len(rows)} if rows else {})
 
 
 #: The channel's row, locked by a claim with an attempt id: two claims
@@ -162,11 +162,23 @@ def _held(
     found = conn.execute(_channel_turn, {"p_channel": channel_id}).one_or_none()
     if found is None:
         return []
+    return held_leases(conn, dialect, now, channel_id, attempt_id, found[0])
+
+
+def held_leases(
+    conn: sa.Connection,
+    dialect: dialects.Dialect,
+    now: int,
+    channel_id: int,
+    attempt_id: str,
+    lease: int | None,
+) -> list[dialects.ClaimedRow]:
+    """The deliveries leased under ``attempt_id`` on the channel, whose row the
+    caller holds (``lease``: the channel's own), with their tokens."""
     params = {"p_channel": channel_id, "p_now": now, "p_attempt_id": attempt_id}
     leases = conn.execute(_held_leases, params).all()
     if not leases:
         return []
-    lease = found[0]
     return dialect._with_messages(conn, [{**r._mapping, "channel_lease": lease} for r in leases])
 
 
@@ -293,7 +305,7 @@ def _settled(
 ) -> tuple[list[Message], Effects]:
     acked = Counter(msg.channel_id for msg in msgs if (msg.delivery_id, msg.lease_token) in done)
     lost = [msg for msg in msgs if (msg.delivery_id, msg.lease_token) not in done]
-    return lost, _counted("acked", now, acked)
+    return lost, counted("acked", now, acked)
 
 
 def ack_and_claim(
@@ -394,7 +406,7 @@ def requeue(
     changed = bool(result.rowcount)
     if changed and msg.order_key is not None:
         _groups.give_back(conn, dialect, [(msg.channel_id, msg.order_key, msg.delivery_id)])
-    return changed, _counted("requeued", now, {msg.channel_id: 1} if changed else {})
+    return changed, counted("requeued", now, {msg.channel_id: 1} if changed else {})
 
 
 def expiry_if_leased(
@@ -428,7 +440,7 @@ def kill(
     changed = bool(result.rowcount)
     if changed:
         _left_group(conn, dialect, msg)
-    return changed, _counted("dead", now, {msg.channel_id: 1} if changed else {})
+    return changed, counted("dead", now, {msg.channel_id: 1} if changed else {})
 
 
 def defer(
@@ -451,11 +463,17 @@ def _left_group(conn: sa.Connection, dialect: dialects.Dialect, msg: Message) ->
         _groups.leave(conn, dialect, [member], gone=True)
 
 
-_channel_state = sa.select(channels.c.lease, channels.c.paused).where(
+_channel_state = sa.select(channels.c.lease, channels.c.paused, limited_channel).where(
     channels.c.id == sa.bindparam("p_channel")
 )
+_message_group = (
+    sa.select(messages.c.group_key)
+    .where(messages.c.id == d.c.message_id)
+    .correlate(d)
+    .scalar_subquery()
+)
 _deferred_named = (
-    sa.select(d.c.id, d.c.message_id, d.c.attempts, d.c.max_attempts, d.c.group_key)
+    sa.select(d.c.id, d.c.message_id, d.c.attempts, d.c.max_attempts, d.c.group_key, _message_group)
     .where(
         d.c.id.in_(sa.bindparam("p_ids", expanding=True)),
         d.c.channel_id == sa.bindparam("p_channel"),
@@ -509,16 +527,28 @@ def claim_deferred(
     if setting is None or setting[1]:
         return [], now, Effects()
     lease = None if setting[0] is None else int(setting[0])
+    # A channel with limits: its row taken, what fits counted (ops.limits).
+    turn = _room.take_turn(conn, now, channel_id, len(delivery_ids)) if setting[2] else None
+    if turn is not None:
+        if turn.paused:
+            return [], now, Effects()
+        lease = turn.lease
     until = now + lease if channel_lease and lease is not None else now + lease_us
     params = {"p_ids": list(delivery_ids), "p_channel": channel_id}
     found = conn.execute(_deferred_named, params).all()
     spent = [int(r[0]) for r in found if r[2] >= r[3]]
     live = [r for r in found if r[2] < r[3]]
     # Groups in (group key, id) order, as every writer of groups locks them.
-    chosen = [r for r in live if r[4] is None]
+    chosen = [r for r in live if r[4] is None and (turn is None or turn.admit(r[5]))]
     for row in sorted((r for r in live if r[4] is not None), key=lambda r: (str(r[4]), r[0])):
+        if turn is not None and turn.room <= 0:
+            break
         if _groups.take_turn(conn, dialect, (channel_id, str(row[4]), int(row[0]))):
             chosen.append(row)
+            if turn is not None:
+                turn.admit(None)
+    if turn is not None:
+        _room.count_handed_out(conn, channel_id, turn, len(chosen))
     tally = Tally()
     if spent:
         conn.execute(_bury_deferred, {"p_ids": spent, "p_now": now})
@@ -550,13 +580,25 @@ def pop(
     (those :func:`claim` would lease) and delete them, their groups moving on
     as at an ack: the rows, ``now``, and the claims and acks to count."""
     rows = dialect.pop(conn, ClaimParams(channel_id, limit, 0, "", now=now))
+    return rows, now, popped(conn, dialect, now, channel_id, rows)
+
+
+def popped(
+    conn: sa.Connection,
+    dialect: dialects.Dialect,
+    now: int,
+    channel_id: int,
+    rows: Sequence[dialects.ClaimedRow],
+) -> Effects:
+    """After a pop deleted ``rows``: their groups move on as at an ack; the
+    claims and acks to count."""
     heads = [(channel_id, r.order_key, r.delivery_id) for r in rows if r.order_key is not None]
     if heads:
         _groups.leave(conn, dialect, heads, gone=True)
-    counted = {channel_id: len(rows)} if rows else {}
-    effects = _counted("claimed", now, counted)
-    effects.tally.add("acked", now, counted)
-    return rows, now, effects
+    taken = {channel_id: len(rows)} if rows else {}
+    effects = counted("claimed", now, taken)
+    effects.tally.add("acked", now, taken)
+    return effects
 
 
 def renew(

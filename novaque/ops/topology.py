@@ -19,7 +19,7 @@ from novaque._tables import (
     stats,
     topics,
 )
-from novaque.errors import ChannelNotFound, TopicNotFound
+from novaque.errors import ChannelNotFound, InvalidOption, TopicNotFound
 from novaque.models import ChannelSettings, Ordering
 from novaque.ops import Effects
 
@@ -78,6 +78,9 @@ SETTING_COLUMNS = {
     "dead_max_count": "dead_max_count",
     "dead_max_bytes": "dead_max_bytes",
     "dead_letter_expired": "dead_letter_expired",
+    "max_leased": "max_leased",
+    "rate_limit": "rate_count",
+    "group_max_leased": "group_max_leased",
 }
 #: What a setting returned to the client's default stores.
 SETTING_DEFAULTS: dict[str, Any] = {"ordering": ORDERINGS["standard"]}
@@ -109,6 +112,25 @@ def ensure_channel(
             .where(channels.c.topic_id == topic_id, channels.c.name == channel)
             .values(dict(settings))
         )
+        if "ordering" in settings or "group_max_leased" in settings:
+            _check_group_limit(conn, topic_id, topic, channel)
+
+
+def _check_group_limit(conn: sa.Connection, topic_id: int, topic: str, channel: str) -> None:
+    """InvalidOption (and so nothing stored) if the channel as it now stands is
+    ordered and has a group limit, which only a standard channel may have."""
+    found = conn.execute(
+        sa.select(channels.c.ordering, channels.c.group_max_leased).where(
+            channels.c.topic_id == topic_id, channels.c.name == channel
+        )
+    ).one()
+    if found[0] != ORDERINGS["standard"] and found[1] is not None:
+        raise InvalidOption(
+            f"channel {topic}/{channel} would be {_ORDERING_NAMES[int(found[0])]} with "
+            f"group_max_leased={found[1]}: group_max_leased applies to standard channels only "
+            "(an ordered channel leases one delivery of a group at a time already); "
+            'reset it in the same call (reset=("group_max_leased",)) to order the channel'
+        )
 
 
 _settings = sa.select(
@@ -121,6 +143,10 @@ _settings = sa.select(
     channels.c.dead_max_bytes,
     channels.c.dead_letter_expired,
     channels.c.paused,
+    channels.c.max_leased,
+    channels.c.rate_count,
+    channels.c.rate_period,
+    channels.c.group_max_leased,
 ).where(channels.c.id == sa.bindparam("p_channel"))
 
 
@@ -142,6 +168,11 @@ def channel_settings(
         dead_max_bytes=None if row[6] is None else int(row[6]),
         dead_letter_expired=None if row[7] is None else bool(row[7]),
         paused=bool(row[8]),
+        max_leased=row[9],
+        rate_limit=None
+        if row[10] is None
+        else (int(row[10]), timedelta(microseconds=int(row[11]))),
+        group_max_leased=row[12],
     )
 
 
