@@ -352,6 +352,9 @@ class Consuming:
             return set()
         acked, effects = self._context.run_timed("", consume.ack_named, channel_id, pairs)
         self._context.apply(effects)
+        known = self._context.limits
+        if acked and known.waiting:
+            known.freed(channel_id, len(acked))
         return acked
 
     def ack_and_claim(

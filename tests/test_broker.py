@@ -544,6 +544,53 @@ def test_channels_topics_dead_letters_and_cancel(live: Live, backend: Backend) -
     assert error_of(http.get("/v1/topics/orders/messages"))[0] == 405
 
 
+def test_channel_limits_pass_through_and_hold(backend: Backend) -> None:
+    # A poll interval longer than the test: a waiting receive is woken by the
+    # settle that makes room, or not at all.
+    with live_broker(backend.name, backend.url, poll_interval=60) as live:
+        channel_limits(live)
+
+
+def channel_limits(live: Live) -> None:
+    http = live.http()
+    answer = http.put(
+        "/v1/topics/orders/channels/billing",
+        json={"max_leased": 1, "rate_limit": [1000, 60]},
+    )
+    assert answer.status_code == 200, answer.text
+    assert (answer.json()["max_leased"], answer.json()["rate_limit"]) == (1, [1000, 60.0])
+    detail = http.get("/v1/topics/orders/channels/billing").json()["settings"]
+    assert (detail["max_leased"], detail["rate_limit"], detail["group_max_leased"]) == (
+        1,
+        [1000, 60.0],
+        None,
+    )
+    for bad in ({"rate_limit": [0, 60]}, {"rate_limit": 5}, {"max_leased": 0}):
+        assert error_of(http.put("/v1/topics/orders/channels/billing", json=bad)) == (
+            400,
+            "invalid",
+        ), bad
+    # max_leased 1: one at a time, and a waiting receive gets the next as soon
+    # as the first is settled over HTTP.
+    publish(live, {"body": "a"}, {"body": "b"})
+    [first] = receive(live, max_messages=10)
+    assert receive(live) == []
+    signals = runtime_of(core_of(live.client)).signals
+    before = signals.count("long_poll_fetches")
+    with ThreadPoolExecutor(1) as pool:
+        polling = pool.submit(receive, live, wait=15)
+        assert signals.wait("long_poll_fetches", before + 1, 10)
+        started = time.monotonic()
+        assert settle(live, item(first, "complete"))[0]["ok"] is True
+        [second] = polling.result(timeout=20)
+    assert second["body"] == "b"
+    assert time.monotonic() - started < 5
+    # null lifts a limit.
+    answer = http.put("/v1/topics/orders/channels/billing", json={"max_leased": None})
+    assert answer.json()["max_leased"] is None
+    assert answer.json()["rate_limit"] == [1000, 60.0]
+
+
 def test_openapi_document_lists_every_endpoint(live: Live) -> None:
     doc = live.http().get("/v1/openapi.json").json()
     assert doc["openapi"] == "3.1.0"

@@ -559,6 +559,11 @@ class BrokerApp:
                 continue
             if value is None:
                 reset.append(key)
+            elif key == "rate_limit" and not (isinstance(value, list) and len(value) == 2):
+                raise invalid(
+                    "rate_limit must be [count, period in seconds], such as [100, 60], "
+                    f"or null for none; got {_wire.shown(value)}"
+                )
             else:
                 given[key] = tuple(value) if isinstance(value, list) else value
         paused = data.get("paused")
