@@ -26,6 +26,7 @@ import pytest
 import sqlalchemy as sa
 
 import novaque
+from novaque.broker import new_token, token_toml
 from novaque.cli import main
 from novaque.testing import FakeClock
 from tests import _preloaded
@@ -734,13 +735,15 @@ def test_a_missing_driver_names_the_right_extra_and_url(
     assert "postgres" not in error
 
 
-@pytest.mark.parametrize("command", ["admin", "demo"])
+@pytest.mark.parametrize("command", ["admin", "demo", "serve"])
 def test_a_port_in_use_is_one_line_naming_it_and_port_0(db: Path, command: str) -> None:
+    (db / "tokens.toml").write_text(token_toml(new_token(), ["admin"]))
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         args = ["--port", str(port)] + (["--duration", "1"] if command == "demo" else [])
+        args += ["--tokens", "tokens.toml"] if command == "serve" else []
         error = one_line_error(run(command, *args, cwd=db))
     assert f"127.0.0.1:{port}" in error
     assert "already in use" in error
