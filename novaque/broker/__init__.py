@@ -21,6 +21,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
+try:
+    import starlette  # noqa: F401
+except ImportError as exc:  # pragma: no cover - the extra not installed
+    raise ImportError(f"novaque.broker needs {exc.name}: pip install 'novaque[broker]'") from None
+
 from novaque.aio import AsyncClient
 from novaque.broker import _app
 from novaque.broker._app import BrokerApp
