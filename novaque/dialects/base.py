@@ -254,23 +254,35 @@ NEXT_LANE = sa.select(sa.func.min(d.c.priority)).where(
     d.c.channel_id == sa.bindparam("p_channel"),
     d.c.priority > sa.func.coalesce(sa.bindparam("p_after", None, type_=sa.Integer), claim_lane),
 )
-#: Due deliveries of a channel in one lane (the claim's index range) ...
-_claim_range = sa.and_(
-    d.c.channel_id == sa.bindparam("p_channel"),
-    d.c.priority == claim_lane,
-    d.c.visible_at <= sa.bindparam("p_now"),
-    d.c.attempts < d.c.max_attempts,
-)
-#: ... unless the channel is paused, or limited and the claim not one that
-#: holds its row.
-_claim_filter = sa.and_(_claim_range, ~_channel_paused)
-_claim_ids = (
-    sa.select(d.c.id)
-    .where(_claim_filter)
-    .order_by(d.c.visible_at, d.c.id)
-    .limit(sa.bindparam("p_limit", type_=sa.Integer))
-    .with_for_update(skip_locked=True)
-)
+
+
+def claim_range(lane: sa.ColumnElement[Any] = claim_lane) -> sa.ColumnElement[bool]:
+    """Due deliveries of a channel in one ``lane`` (the claim's index range;
+    a lane known before the statement, where the planner takes a subquery's
+    value for no bound of the range that follows)."""
+    return sa.and_(
+        d.c.channel_id == sa.bindparam("p_channel"),
+        d.c.priority == lane,
+        d.c.visible_at <= sa.bindparam("p_now"),
+        d.c.attempts < d.c.max_attempts,
+    )
+
+
+def claim_ids(lane: sa.ColumnElement[Any] = claim_lane) -> sa.Select[Any]:
+    """The claim's pick in ``lane``: its range, unless the channel is paused, or
+    limited and the claim not one that holds its row; oldest due first,
+    skipping others' locks."""
+    return (
+        sa.select(d.c.id)
+        .where(claim_range(lane), ~_channel_paused)
+        .order_by(d.c.visible_at, d.c.id)
+        .limit(sa.bindparam("p_limit", type_=sa.Integer))
+        .with_for_update(skip_locked=True)
+    )
+
+
+_claim_range = claim_range()
+_claim_ids = claim_ids()
 #: What every lease writes. ``attempt_id`` too, NULL for a claim without one,
 #: so a delivery leased again never keeps the attempt id of an earlier lease.
 _lease_values = {

@@ -24,7 +24,6 @@ from novaque._tables import (
 )
 from novaque.dialects.base import (
     DECLINED,
-    FIRST_LANE,
     NEXT_LANE,
     PLAIN_CHANNEL_SQL,
     ClaimedRow,
@@ -33,13 +32,13 @@ from novaque.dialects.base import (
     SelectT,
     _channel_lease,
     _channel_paused,
-    _claim_ids,
     _claim_range,
     _dotted,
     _driver_sql,
     _inserted_id,
     _lease_values,
     _message_fields,
+    claim_ids,
     claim_lane,
     claimed_rows,
     d,
@@ -123,26 +122,35 @@ CLAIM_SLICES = 16
 _in_slice = sa.func.mod(
     sa.func.crc32(d.c.id), sa.bindparam("p_slices", type_=sa.Integer)
 ) == sa.bindparam("p_slice", type_=sa.Integer)
+
+
 #: The oldest due deliveries of one slice (``p_slice`` of ``p_slices``), from
 #: the claim index alone (the claim's locking read checks their attempts): a
 #: derived table, which the locking clause of a SELECT does not reach.
-_slice_candidates = (
-    sa.select(d.c.id)
-    .where(
-        d.c.channel_id == sa.bindparam("p_channel"),
-        d.c.priority == claim_lane,
-        d.c.visible_at <= sa.bindparam("p_now"),
-        _in_slice,
+def _slice_candidates(lane: sa.ColumnElement[Any]) -> sa.Subquery:
+    return (
+        sa.select(d.c.id)
+        .where(
+            d.c.channel_id == sa.bindparam("p_channel"),
+            d.c.priority == lane,
+            d.c.visible_at <= sa.bindparam("p_now"),
+            _in_slice,
+        )
+        .order_by(d.c.visible_at, d.c.id)
+        .limit(sa.bindparam("p_limit", type_=sa.Integer))
+        .subquery("candidates")
     )
-    .order_by(d.c.visible_at, d.c.id)
-    .limit(sa.bindparam("p_limit", type_=sa.Integer))
-    .subquery("candidates")
-)
+
+
+#: The lane of a claim block's pick: its variable ``lane``, found before the
+#: pick (:func:`_lease_block`): a subquery's value bounds no range in
+#: MariaDB's plan, which then reads past the due deliveries to the lane's end.
+_BLOCK_LANE = sa.bindparam("p_lane_at", type_=sa.SmallInteger)
 
 _PickT = TypeVar("_PickT", bound=sa.Select[Any])
 
 
-def _in_one_slice(pick: _PickT) -> _PickT:
+def _in_one_slice(pick: _PickT, lane: sa.ColumnElement[Any] = claim_lane) -> _PickT:
     """``pick``, a claim's locking read (a SELECT) of due deliveries, taking
     only those of one slice: found first by a read without locks, then locked
     by their keys (still due, skipping others' locks).
@@ -153,7 +161,8 @@ def _in_one_slice(pick: _PickT) -> _PickT:
     claim's scan of the slice takes no locks, and only the rows it leases
     are locked.
     """
-    return pick.where(d.c.id.in_(sa.select(_slice_candidates.c.id)))
+    candidates = _slice_candidates(lane)
+    return pick.where(d.c.id.in_(sa.select(candidates.c.id)))
 
 
 def _pyformat(stmt: sa.ClauseElement) -> str:
@@ -162,10 +171,14 @@ def _pyformat(stmt: sa.ClauseElement) -> str:
 
 
 def _in_block(stmt: sa.ClauseElement) -> str:
-    """A claim's pick (or the probe of the next lane) in a :func:`_lease_block`:
-    its lane and its count the block's variables."""
-    sql = _pyformat(stmt).replace("%(p_lane)s", "lane_from").replace("%(p_limit)s", "want")
-    return sql.replace("%(p_after)s", "NULL")
+    """A claim's pick in a :func:`_lease_block`: its lane and its count the
+    block's variables."""
+    return _pyformat(stmt).replace("%(p_lane_at)s", "lane").replace("%(p_limit)s", "want")
+
+
+#: A claim block's lanes: the lowest of the channel, then the next above ``lane``.
+_FIRST_LANE_SQL = f"SELECT min(priority) FROM {d.name} WHERE channel_id = %(p_channel)s"
+_NEXT_LANE_SQL = _FIRST_LANE_SQL + " AND priority > lane"
 
 
 #: What a spread claim's block declares: how many rows its slice gave, and their ids.
@@ -206,14 +219,15 @@ def _lease_block(*, ack: bool, spread: bool = False) -> str:
         "{row}lease_token = %(p_token)s, {row}attempts = {row}attempts + 1, "
         "{row}attempt_id = NULL"
     )
+    pick = claim_ids(_BLOCK_LANE)
     picks = (
-        f"UPDATE {d.name} AS leased JOIN ({_in_block(_claim_ids)}) AS picked "
+        f"UPDATE {d.name} AS leased JOIN ({_in_block(pick)}) AS picked "
         f"ON leased.id = picked.id {leasing.format(row='leased.')}; "
     )
     if spread:
         picks = (
             "SET taken = 0; SET taken_ids = '[]'; "
-            f"FOR picked IN ({_in_block(_in_one_slice(_claim_ids))}) DO "
+            f"FOR picked IN ({_in_block(_in_one_slice(pick, _BLOCK_LANE))}) DO "
             "SET taken_ids = JSON_ARRAY_APPEND(taken_ids, '$', picked.id); "
             "SET taken = taken + 1; END FOR; "
             f"IF taken = 0 THEN {picks}ELSE UPDATE {d.name} AS leased JOIN JSON_TABLE(taken_ids, "
@@ -222,7 +236,7 @@ def _lease_block(*, ack: bool, spread: bool = False) -> str:
         )
     return (
         "BEGIN NOT ATOMIC DECLARE lease_until BIGINT; DECLARE channel_lease BIGINT; "
-        f"DECLARE lane_from INT DEFAULT {FIRST_LANE}; DECLARE want INT; "
+        "DECLARE lane SMALLINT; DECLARE want INT; "
         f"{_SPREAD_DECLARED if spread else ''}"
         "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
         f"{acked}"
@@ -230,9 +244,10 @@ def _lease_block(*, ack: bool, spread: bool = False) -> str:
         "SET lease_until = coalesce(CASE WHEN %(p_channel_lease)s = 1 "
         "THEN %(p_now)s + channel_lease END, %(p_until)s); "
         # The lanes, lowest first, until the claim has its rows (in_lanes).
-        f"SET want = %(p_limit)s; WHILE want > 0 AND lane_from IS NOT NULL DO {picks}"
+        f"SET want = %(p_limit)s; SET lane = ({_FIRST_LANE_SQL}); "
+        f"WHILE want > 0 AND lane IS NOT NULL DO {picks}"
         "SET want = want - ROW_COUNT(); "
-        f"IF want > 0 THEN SET lane_from = ({_in_block(NEXT_LANE)}); END IF; END WHILE; "
+        f"IF want > 0 THEN SET lane = ({_NEXT_LANE_SQL}); END IF; END WHILE; "
         "SELECT d.id AS delivery_id, d.message_id, d.attempts, d.max_attempts, m.body, "
         "m.headers, m.published_at, lease_until AS until, channel_lease, m.group_key, "
         "d.group_key AS order_key, m.priority "
