@@ -87,7 +87,20 @@ class Database:
         )
 
     def reset(self, *, floor_only: bool = False) -> None:
-        """Empty novaque's tables and the floor's table (only the floor's if asked)."""
+        """Empty novaque's tables and the floor's table (only the floor's if
+        asked). A process still at work on them (a broker's maintenance) may
+        deadlock with the TRUNCATE: the server picks one, and the reset is
+        tried again."""
+        for attempt in range(5):
+            try:
+                self._reset(floor_only)
+                return
+            except sa.exc.OperationalError:
+                if attempt == 4:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+
+    def _reset(self, floor_only: bool) -> None:
         tables = [] if floor_only else [t.name for t in reversed(schema.metadata.sorted_tables)]
         engine = sa.create_engine(self.url, poolclass=sa.NullPool)
         try:
