@@ -214,6 +214,13 @@ channels = sa.Table(
     sa.Column("group_max_leased", sa.Integer, nullable=True),
     sa.Column("rate_window", Micros, nullable=True),
     sa.Column("rate_used", sa.Integer, nullable=True),
+    # The lowest and highest claim lane the channel's deliveries have had (0
+    # and 0 until a message of another priority reaches it), widened in the
+    # transaction that brings one and never narrowed: MariaDB's claim starts
+    # at low_lane and looks no further than high_lane, with no probe of the
+    # claim index for a channel of one lane.
+    sa.Column("low_lane", sa.SmallInteger, nullable=False, server_default="0"),
+    sa.Column("high_lane", sa.SmallInteger, nullable=False, server_default="0"),
     sa.UniqueConstraint("topic_id", "name"),
     sqlite_autoincrement=True,
     **_mysql_table,

@@ -24,6 +24,7 @@ from novaque.schema import (
     STATE_DEAD,
     STATE_LEASED,
     STATE_READY,
+    channels,
     deliveries,
     messages,
 )
@@ -81,6 +82,8 @@ def load(client: novaque.Client, now: int, *, lanes: bool = False) -> int:
                 conn.execute(
                     sa.update(messages).where(messages.c.id == mid).values(priority=n % 5 - 2)
                 )
+            # The channels' lanes, as the publishes of those priorities widen them.
+            conn.execute(sa.update(channels).values(low_lane=-2, high_lane=2))
     analyze(client)
     return channel_ids[len(channel_ids) // 2]
 

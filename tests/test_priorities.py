@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 import novaque
-from novaque.schema import deliveries, messages
+from novaque.schema import channels, deliveries, messages, topics
 from novaque.testing import FakeClock
 from tests.conftest import Backend
 
@@ -127,10 +127,45 @@ def test_a_replay_and_a_moved_dead_letter_keep_the_priority(client: novaque.Clie
     client.reject(got[0], "x")
     client.ack(got[1])
     client.ack(got[2])
+    # Channels made after the urgent message was published: its lane reaches
+    # them with the letter moved there, and with a replay.
     client.ensure_channel("t", "e")
     assert client.requeue_dead("t", "d", to_channel="e") == 1
     client.publish("t", b"last")
     assert _bodies(client.claim("t", "e", max_messages=10)) == [b"urgent", b"last"]
+    client.ensure_channel("t", "f")
+    client.publish("t", b"plain")
+    assert client.replay(urgent_id, ["f"]) == 1
+    assert _bodies(client.claim("t", "f", max_messages=10)) == [b"urgent", b"plain"]
+
+
+def test_a_channel_keeps_the_lowest_and_highest_lane_it_has_had(
+    backend: Backend, client: novaque.Client
+) -> None:
+    """What MariaDB's claim walks: from the lowest lane up to the highest,
+    widened by the publishes that bring another priority and never narrowed
+    (a channel of priority 0 alone has the one lane 0)."""
+    client.ensure_channel("t", "c")
+    client.ensure_channel("other", "c")
+
+    def lanes() -> dict[str, tuple[int, int]]:
+        with backend.engine().connect() as conn:
+            found = conn.execute(
+                sa.select(topics.c.name, channels.c.low_lane, channels.c.high_lane).join(
+                    topics, topics.c.id == channels.c.topic_id
+                )
+            )
+            return {name: (low, high) for name, low, high in found}
+
+    client.publish("t", b"plain")
+    assert lanes() == {"t": (0, 0), "other": (0, 0)}
+    _publish_mixed(client)
+    assert lanes() == {"t": (-100, 10), "other": (0, 0)}
+    for msg in client.claim("t", "c", max_messages=100):
+        client.ack(msg)
+    client.publish("t", b"again", priority=-3)
+    assert lanes()["t"] == (-100, 10)
+    assert _bodies(client.claim("t", "c")) == [b"again"]
 
 
 def test_message_info_and_routed_channels_carry_the_priority(client: novaque.Client) -> None:

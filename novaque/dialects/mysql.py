@@ -176,9 +176,12 @@ def _in_block(stmt: sa.ClauseElement) -> str:
     return _pyformat(stmt).replace("%(p_lane_at)s", "lane").replace("%(p_limit)s", "want")
 
 
-#: A claim block's lanes: the lowest of the channel, then the next above ``lane``.
-_FIRST_LANE_SQL = f"SELECT min(priority) FROM {d.name} WHERE channel_id = %(p_channel)s"
-_NEXT_LANE_SQL = _FIRST_LANE_SQL + " AND priority > lane"
+#: A claim block's next lane: the channel's lowest above ``lane``, up to its
+#: ``high_lane`` (one probe of the claim index).
+_NEXT_LANE_SQL = (
+    f"SELECT min(priority) FROM {d.name} WHERE channel_id = %(p_channel)s "
+    "AND priority > lane AND priority <= top"
+)
 
 
 #: What a spread claim's block declares: how many rows its slice gave, and their ids.
@@ -236,18 +239,22 @@ def _lease_block(*, ack: bool, spread: bool = False) -> str:
         )
     return (
         "BEGIN NOT ATOMIC DECLARE lease_until BIGINT; DECLARE channel_lease BIGINT; "
-        "DECLARE lane SMALLINT; DECLARE want INT; "
+        "DECLARE lane SMALLINT; DECLARE top SMALLINT; DECLARE want INT; "
         f"{_SPREAD_DECLARED if spread else ''}"
         "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
         f"{acked}"
-        f"SET channel_lease = (SELECT lease FROM {channels.name} WHERE id = %(p_channel)s); "
+        # The channel's lease and lanes (none if it is gone: an aggregate's one row).
+        "SELECT max(lease), max(low_lane), max(high_lane) INTO channel_lease, lane, top "
+        f"FROM {channels.name} WHERE id = %(p_channel)s; "
         "SET lease_until = coalesce(CASE WHEN %(p_channel_lease)s = 1 "
         "THEN %(p_now)s + channel_lease END, %(p_until)s); "
-        # The lanes, lowest first, until the claim has its rows (in_lanes).
-        f"SET want = %(p_limit)s; SET lane = ({_FIRST_LANE_SQL}); "
+        # The lanes, from the channel's lowest, until the claim has its rows
+        # (as in_lanes): a channel of one lane takes from it and stops.
+        "SET want = %(p_limit)s; "
         f"WHILE want > 0 AND lane IS NOT NULL DO {picks}"
         "SET want = want - ROW_COUNT(); "
-        f"IF want > 0 THEN SET lane = ({_NEXT_LANE_SQL}); END IF; END WHILE; "
+        f"IF want > 0 AND lane < top THEN SET lane = ({_NEXT_LANE_SQL}); "
+        "ELSE SET lane = NULL; END IF; END WHILE; "
         "SELECT d.id AS delivery_id, d.message_id, d.attempts, d.max_attempts, m.body, "
         "m.headers, m.published_at, lease_until AS until, channel_lease, m.group_key, "
         "d.group_key AS order_key, m.priority "

@@ -8,6 +8,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from novaque import dialects
 from novaque._tables import (
     COUNTER_COLUMNS,
     DEAD_VISIBLE_AT,
@@ -53,12 +54,68 @@ MESSAGE_LANE = (
 )
 
 
+def widen_lanes(
+    conn: sa.Connection,
+    dialect: dialects.Dialect,
+    of_channels: sa.ColumnElement[bool],
+    low: int,
+    high: int,
+) -> None:
+    """Make the lanes of the channels ``of_channels`` reach
+    priorities ``low`` to ``high``, in the transaction that brings them
+    deliveries of those priorities, before it writes them (their lanes must
+    be visible when the deliveries are).
+
+    The channels are read as the latest committed (``dialect.read_latest``:
+    on MySQL/MariaDB a shared lock, as the fan-out's own read and the foreign
+    keys of its deliveries take; an UPDATE in a REPEATABLE READ transaction
+    would lock every channel row of the topic it looked at), and only those
+    whose lanes do not reach them yet are written: most publishes of a
+    priority write nothing here. Two transactions widening one channel at
+    once can deadlock there (both raise a shared lock); the database then
+    rolls one back, and novaque repeats its own transactions."""
+    low, high = min(low, 0), max(high, 0)
+    if low == high == 0:
+        return
+    narrow = sa.select(channels.c.id).where(
+        of_channels, sa.or_(channels.c.low_lane > low, channels.c.high_lane < high)
+    )
+    ids = [int(i) for i in conn.execute(dialect.read_latest(narrow)).scalars()]
+    if ids:
+        conn.execute(
+            sa.update(channels)
+            .where(channels.c.id.in_(ids))
+            .values(
+                low_lane=sa.case((channels.c.low_lane > low, low), else_=channels.c.low_lane),
+                high_lane=sa.case((channels.c.high_lane < high, high), else_=channels.c.high_lane),
+            )
+        )
+
+
 def _p(name: str, type_: Any = sa.BigInteger) -> sa.BindParameter[Any]:
     return sa.bindparam(name, type_=type_)
 
 
 def _ids(name: str = "p_ids") -> sa.BindParameter[Any]:
     return sa.bindparam(name, expanding=True)
+
+
+#: The lowest and highest priority of messages ``p_ids``.
+_lanes_of_messages = sa.select(
+    sa.func.coalesce(sa.func.min(m.c.priority), 0),
+    sa.func.coalesce(sa.func.max(m.c.priority), 0),
+).where(m.c.id.in_(_ids()))
+
+
+def widen_lanes_for(
+    conn: sa.Connection,
+    dialect: dialects.Dialect,
+    of_channels: sa.ColumnElement[bool],
+    message_ids: list[int],
+) -> None:
+    """:func:`widen_lanes` for the priorities of messages ``message_ids``."""
+    low, high = conn.execute(_lanes_of_messages, {"p_ids": sorted(message_ids)}).one()
+    widen_lanes(conn, dialect, of_channels, int(low), int(high))
 
 
 # -- counters -------------------------------------------------------------------------

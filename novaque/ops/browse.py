@@ -344,16 +344,15 @@ def _move_letters(
     moving = [did for did, mid in letters if mid not in held]
     if not moving:
         return 0
+    moved_messages = sorted({mid for _, mid in letters if mid not in held})
+    _sql.widen_lanes_for(conn, dialect, channels.c.id == target, moved_messages)
     params = {"p_ids": moving, "p_now": now, "p_target": target, "p_budget": budget}
     done = int(conn.execute(_sql.MOVES[ordering], params).rowcount)
     if ordering != ORDERINGS["standard"]:
         _groups.rejoin(conn, dialect, _groups.members_of(conn, d.c.id.in_(moving)))
     conn.execute(
         _sql._extend_expiry,
-        {
-            "p_ids": sorted({mid for _, mid in letters if mid not in held}),
-            "p_expires": now + work.ttl_us,
-        },
+        {"p_ids": moved_messages, "p_expires": now + work.ttl_us},
     )
     tally.add("purged", now, {work.channel_id: done})
     tally.add("published", now, {target: done})
@@ -625,13 +624,13 @@ def _replay_rows(
     ]
     if not rows:
         return
-    conn.execute(
-        _sql._extend_expiry,
-        {"p_ids": sorted({row["message_id"] for row in rows}), "p_expires": now + ttl_us},
-    )
+    replayed = sorted({row["message_id"] for row in rows})
+    conn.execute(_sql._extend_expiry, {"p_ids": replayed, "p_expires": now + ttl_us})
+    into = channels.c.id.in_(sorted({row["channel_id"] for row in rows}))
+    _sql.widen_lanes_for(conn, dialect, into, replayed)
     insert_deliveries(conn, dialect, rows)
     # Their lane: their message's priority.
-    conn.execute(_sql.RESTORE_LANES, {"p_ids": sorted({row["message_id"] for row in rows})})
+    conn.execute(_sql.RESTORE_LANES, {"p_ids": replayed})
     dialect.notify(conn, topic)
     done.tally.add("published", now, Counter(row["channel_id"] for row in rows))
     done.created += len(rows)

@@ -25,7 +25,7 @@ from novaque._tables import (
 from novaque.dialects.base import core, plain_channel
 from novaque.dialects.params import Link, PublishParams
 from novaque.errors import DedupConflict, TopicGone
-from novaque.ops import Effects, _groups
+from novaque.ops import Effects, _groups, _sql
 from novaque.ops.maintain import stats_rows
 from novaque.ops.topology import topic_id_in
 
@@ -130,6 +130,10 @@ def publish(
         elif any(k is not None for k in dedup_keys) and not dialect.hold_topic(conn, topic_id):
             # (Without dedup keys, publish_plain holds the topic itself.)
             raise TopicGone(topic)
+        if priority:
+            # Before the fan-out reads the channels (see widen_lanes).
+            of_topic = channels.c.topic_id == topic_id
+            _sql.widen_lanes(conn, dialect, of_topic, priority, priority)
         rows = [
             {
                 "body": body,
