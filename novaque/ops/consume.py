@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -134,17 +135,19 @@ _channel_turn = (
     .where(channels.c.id == sa.bindparam("p_channel"))
     .with_for_update(key_share=True)
 )
+#: What settling a leased delivery needs, of its row (as ClaimedRow names it).
+_LEASE_COLUMNS = (
+    d.c.id.label("delivery_id"),
+    d.c.message_id,
+    d.c.attempts,
+    d.c.max_attempts,
+    d.c.visible_at.label("until"),
+    d.c.group_key.label("order_key"),
+    d.c.lease_token.label("token"),
+)
 #: The leases an attempt id holds on a channel (not expired by the clock).
 _held_leases = (
-    sa.select(
-        d.c.id.label("delivery_id"),
-        d.c.message_id,
-        d.c.attempts,
-        d.c.max_attempts,
-        d.c.visible_at.label("until"),
-        d.c.group_key.label("order_key"),
-        d.c.lease_token.label("token"),
-    )
+    sa.select(*_LEASE_COLUMNS)
     .where(
         d.c.channel_id == sa.bindparam("p_channel"),
         d.c.state == STATE_LEASED,
@@ -186,18 +189,7 @@ def held_leases(
 #: could prefer an index of the channel's backlog for), with what settling
 #: them needs; :func:`leased` keeps those of the channel leased with the token.
 _leased_with = (
-    sa.select(
-        d.c.id.label("delivery_id"),
-        d.c.message_id,
-        d.c.attempts,
-        d.c.max_attempts,
-        d.c.visible_at.label("until"),
-        channels.c.lease.label("channel_lease"),
-        d.c.group_key.label("order_key"),
-        d.c.lease_token.label("token"),
-        d.c.channel_id,
-        d.c.state,
-    )
+    sa.select(*_LEASE_COLUMNS, channels.c.lease.label("channel_lease"), d.c.channel_id, d.c.state)
     .join_from(d, channels, channels.c.id == d.c.channel_id)
     .where(d.c.id.in_(sa.bindparam("p_ids", expanding=True)))
 )
@@ -557,20 +549,25 @@ def claim_deferred(
         return [], now, Effects(tally=tally)
     ids = sorted(int(r[0]) for r in chosen)
     conn.execute(_lease_deferred, {"p_ids": ids, "p_until": until, "p_token": token})
-    leased = [
-        {
-            "delivery_id": r[0],
-            "message_id": r[1],
-            "attempts": r[2] + 1,
-            "max_attempts": r[3],
-            "until": until,
-            "channel_lease": lease,
-            "order_key": r[4],
-        }
-        for r in chosen
-    ]
+    leased = [just_leased(r, until, lease, r[4]) for r in chosen]
     tally.add("claimed", now, {channel_id: len(chosen)})
     return dialect._with_messages(conn, leased), now, Effects(tally=tally)
+
+
+def just_leased(
+    row: Sequence[Any], until: int, lease: int | None, order_key: str | None
+) -> dict[str, Any]:
+    """A delivery this transaction leased (``row``: its id, message id, the
+    attempts and the budget it had), as ``Dialect._with_messages`` takes it."""
+    return {
+        "delivery_id": row[0],
+        "message_id": row[1],
+        "attempts": row[2] + 1,
+        "max_attempts": row[3],
+        "until": until,
+        "channel_lease": lease,
+        "order_key": order_key,
+    }
 
 
 def pop(

@@ -170,18 +170,7 @@ def _take(
                 attempt_id=p.attempt_id,
             )
         )
-    leased = [
-        {
-            "delivery_id": r[0],
-            "message_id": r[1],
-            "attempts": r[2] + 1,
-            "max_attempts": r[3],
-            "until": until,
-            "channel_lease": lease,
-            "order_key": None,
-        }
-        for r in picked
-    ]
+    leased = [consume.just_leased(r, until, lease, None) for r in picked]
     return dialect._with_messages(conn, leased)
 
 
