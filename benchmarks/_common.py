@@ -42,6 +42,16 @@ class Sizes:
     w7_groups: int = 1_000
     #: W8: W6's publish with this many of its channels filtered (CEL).
     w8_filtered: int = 4
+    #: W9: steady churn (``churn.py``), not part of the default set: a publish
+    #: rate held for minutes while one snapshot stays open, then a settle.
+    #: Timed, so ``scaled`` leaves it alone.
+    w9_minutes: float = 10.0
+    w9_rate: int = 300
+    w9_settle_s: float = 60.0
+    w9_bucket_s: float = 30.0
+    w9_hold: bool = True
+    #: The messages' ``ttl`` (0: the client's ``default_ttl``, 7 days).
+    w9_ttl_s: float = 0.0
     #: Not a size: the engine every novaque client of the run is built on,
     #: ``"connect"`` (``novaque.connect``: novaque's pool and session set-up)
     #: or ``"plain"`` (``sqlalchemy.create_engine(url)``, an application's own

@@ -14,7 +14,8 @@ W5), and the median of the runs is reported. W1a, W1b, W2 and W3 run for the
 asyncio twin too (``--clients``, default ``sync,aio``): a third side of the
 same turns, in a row of its own judged by its ratio to the floor over the
 sync client's. Every workload stops itself after ``--timeout`` seconds (120)
-and reports the partial counts.
+and reports the partial counts. W9 (steady churn, ``churn.py``) runs only
+when named in ``--workloads``: it takes minutes, set by its ``--w9-*`` options.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
+from benchmarks import churn
 from benchmarks import workloads as nq
 from benchmarks._common import (
     ENGINES,
@@ -46,7 +48,11 @@ from benchmarks._databases import BACKENDS, Database
 from benchmarks._procs import WorkerPool
 from benchmarks.floor import Floor
 
+#: The default set.
 WORKLOADS = ("W1a", "W1b", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W10")
+#: Every workload in the order they run: W9 only when asked for (it runs
+#: for ten minutes by default).
+ALL_WORKLOADS = ("W1a", "W1b", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10")
 #: Workloads whose figure is measured against another workload's.
 NEEDS = {"W4": "W2", "W6": "W1b", "W7": "W2", "W8": "W6", "W10": "W2"}
 #: The twins: novaque.Client ("sync") and novaque.aio.AsyncClient ("aio").
@@ -215,6 +221,8 @@ class BackendRun:
                 n += 1 + 2 * self.runs
             elif w == "W3":
                 n += (1 + len(self._clients(w))) * self.runs
+            elif w == "W9":
+                n += 1 + churn.bucket_count(self.sizes)
             else:
                 n += 2 * self.runs
         return n
@@ -556,6 +564,25 @@ class BackendRun:
         row.notes.append(f"{s.w7_messages:,} messages over {s.w7_groups:,} groups, group_fifo")
         self._drains(rows, nq.TOPIC, keep=False, n=s.w7_messages, groups=s.w7_groups)
 
+    def _w9(self) -> None:
+        """W9, steady churn (``churn.py``): one run, however many ``--runs``;
+        ``--timeout`` bounds only the wait for the last messages after the settle."""
+        s = self.sizes
+        row = self.rows["W9"] = Row("W9", self.backend, "ms")
+        held = "a snapshot held" if s.w9_hold else "no snapshot held"
+        row.notes.append(
+            f"{s.w9_rate:,} msg/s for {s.w9_minutes:g} min, {held}, then {s.w9_settle_s:g} s "
+            "of settle"
+        )
+        self.progress.step(f"{self.backend} W9 steady churn ({s.w9_minutes:g} min, {held})")
+        self.db.reset()
+        outcome = churn.churn(
+            self.db, s, self.timeout, lambda line: self.progress.step(f"{self.backend} {line}")
+        )
+        row.novaque.append(outcome.run)
+        if s.w9_hold and not outcome.summary["snapshot_kept_to_the_end"]:
+            row.notes.append("the held snapshot ended before the publishing did")
+
     def _w10(self) -> None:
         s = self.sizes
         rows = self._rows("W10", "msg/s")
@@ -616,6 +643,8 @@ class BackendRun:
                     row.target, row.met = "W6/W1b >= 0.5", per >= 0.5
             elif name == "W10":
                 self._judge_urgent(row, rows.get("W2"))
+            elif name == "W9":
+                self._judge_churn(row)
             elif name in ("W7", "W8"):
                 base, least = ("W2", 0.5) if name == "W7" else ("W6", 0.7)
                 other = rows.get(base)
@@ -650,6 +679,21 @@ class BackendRun:
         first = not late and last <= bound
         row.figure = f"W10/W2 {per:.2f}, last urgent handled {last:,} of {self.sizes.w2_messages:,}"
         row.target, row.met = f"W10/W2 >= 0.9, urgent within {bound:,}", per >= 0.9 and first
+
+    def _judge_churn(self, row: Row) -> None:
+        """W9: the last minute's latency against the first minute's, p99 at most
+        twice and p50 at most 1.3 times."""
+        summary = row.novaque[0].extra["summary"]
+        p99, p50 = summary["p99_ratio"], summary["p50_ratio"]
+        row.target = "last/first min p99 <= 2, p50 <= 1.3"
+        if p99 is None or p50 is None:
+            row.figure = "no latency in the first or the last minute"
+            row.met = False
+            return
+        row.figure = f"last/first min p99 {p99:.2f}, p50 {p50:.2f}"
+        if not summary["hold"]:
+            row.figure += " (no snapshot held)"
+        row.met = p99 <= 2 and p50 <= 1.3
 
     def _judge_latency(self, row: Row) -> None:
         """W3's targets, the same for both twins."""
@@ -744,6 +788,11 @@ def table(rows: list[Row]) -> str:
         "ratio = novaque / floor (medians). W3 columns are p50/p95/p99 latency. "
         "met is judged on unrounded figures (0.798 shows as 0.80 and is not >= 0.8).",
     ]
+    if any(r.workload == "W9" for r in rows):
+        notes.append(
+            "W9 columns are p50/p95/p99 latency (publish to handler start) over the whole "
+            "publishing, with no floor; its buckets follow."
+        )
     if any(r.client == "aio" for r in rows):
         notes.append(
             "client aio = novaque.aio.AsyncClient, interleaved with the same floor runs as "
@@ -792,7 +841,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--workloads",
-        help=f"comma-separated subset of {','.join(WORKLOADS)} (default: all; "
+        help=f"comma-separated subset of {','.join(ALL_WORKLOADS)} (default: all but W9; "
         f"{','.join(TWIN_WORKLOADS)} with --clients aio)",
     )
     parser.add_argument(
@@ -830,6 +879,48 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         metavar="N",
         help="messages W5 drains per run (default 10,000; BENCHMARKS.md says 40,000)",
     )
+    parser.add_argument(
+        "--w9-minutes",
+        type=float,
+        default=Sizes.w9_minutes,
+        metavar="M",
+        help="W9: minutes of publishing (default 10)",
+    )
+    parser.add_argument(
+        "--w9-rate",
+        type=int,
+        default=Sizes.w9_rate,
+        metavar="N",
+        help="W9: messages published a second, in batches every 0.1 s (default 300)",
+    )
+    parser.add_argument(
+        "--w9-settle",
+        type=float,
+        default=Sizes.w9_settle_s,
+        metavar="S",
+        help="W9: seconds the consumer keeps going after the publishing, the snapshot "
+        "closed (default 60)",
+    )
+    parser.add_argument(
+        "--w9-bucket",
+        type=float,
+        default=Sizes.w9_bucket_s,
+        metavar="S",
+        help="W9: seconds per bucket of the report (default 30)",
+    )
+    parser.add_argument(
+        "--w9-ttl",
+        type=float,
+        default=Sizes.w9_ttl_s,
+        metavar="S",
+        help="W9: the messages' ttl in seconds (default 0: the client's default_ttl, 7 days)",
+    )
+    parser.add_argument(
+        "--no-hold",
+        dest="hold",
+        action="store_false",
+        help="W9: hold no snapshot open during the publishing",
+    )
     args = parser.parse_args(argv)
     clients = {c.strip().lower() for c in args.clients.split(",") if c.strip()}
     if not clients or clients - set(CLIENTS):
@@ -838,17 +929,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.workloads is None:
         args.workloads = ",".join(WORKLOADS if "sync" in clients else TWIN_WORKLOADS)
     wanted = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    known = {w.lower(): w for w in WORKLOADS}
+    known = {w.lower(): w for w in ALL_WORKLOADS}
     unknown = [w for w in wanted if w.lower() not in known]
     if unknown:
         parser.error(
-            f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}"
+            f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(ALL_WORKLOADS)}"
         )
     chosen = {known[w.lower()] for w in wanted}
     for w, needed in NEEDS.items():
         if w in chosen:
             chosen.add(needed)  # its figure is measured against this one
-    args.selected = [w for w in WORKLOADS if w in chosen]
+    args.selected = [w for w in ALL_WORKLOADS if w in chosen]
     sync_only = [w for w in args.selected if w not in TWIN_WORKLOADS]
     if sync_only and "sync" not in clients:
         parser.error(
@@ -861,6 +952,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--scale must be positive")
     if args.w5_messages < 1:
         parser.error("--w5-messages must be at least 1")
+    if args.w9_minutes <= 0 or args.w9_rate < 1 or args.w9_bucket <= 0:
+        parser.error("--w9-minutes, --w9-rate and --w9-bucket must be positive")
+    if args.w9_settle < 0 or args.w9_ttl < 0:
+        parser.error("--w9-settle and --w9-ttl must not be negative")
     return args
 
 
@@ -875,7 +970,16 @@ def main(argv: list[str] | None = None) -> int:
 
         return broker.main(given[1:])
     args = parse_args(given)
-    sizes = Sizes(w5_messages=args.w5_messages, engine=args.engine).scaled(args.scale)
+    sizes = Sizes(
+        w5_messages=args.w5_messages,
+        engine=args.engine,
+        w9_minutes=args.w9_minutes,
+        w9_rate=args.w9_rate,
+        w9_settle_s=args.w9_settle,
+        w9_bucket_s=args.w9_bucket,
+        w9_hold=args.hold,
+        w9_ttl_s=args.w9_ttl,
+    ).scaled(args.scale)
     backends = list(BACKENDS) if args.backend == "all" else [args.backend]
     started = time.monotonic()
     # The twin's one event loop, on a thread of its own, for every backend.
@@ -915,6 +1019,9 @@ def main(argv: list[str] | None = None) -> int:
     progress.finish()
     elapsed = time.monotonic() - started
     print(table(rows))
+    for row in rows:
+        if row.workload == "W9" and row.novaque:
+            print("\n" + churn.report(row.backend, row.novaque[0].extra))
     print(
         f"\n{len(backends)} backend(s), {args.runs} run(s) per side, engines by "
         f"{'novaque.connect' if args.engine == 'connect' else 'sqlalchemy.create_engine'}, "

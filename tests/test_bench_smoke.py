@@ -157,9 +157,73 @@ def test_a_workload_out_of_time_stops_and_says_so(
 
 def test_unknown_workloads_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        run.main(["--workloads", "W1a,W9"])
+        run.main(["--workloads", "W1a,W99"])
     assert exit_info.value.code == 2
-    assert "unknown workload(s) W9" in capsys.readouterr().err
+    assert "unknown workload(s) W99" in capsys.readouterr().err
+
+
+def test_w9_runs_only_when_named() -> None:
+    assert "W9" not in run.parse_args([]).selected
+    args = run.parse_args(["--workloads", "W9", "--no-hold", "--w9-rate", "20"])
+    assert args.selected == ["W9"]
+    assert (args.hold, args.w9_rate) == (False, 20)
+    with pytest.raises(SystemExit):
+        run.parse_args(["--workloads", "W9", "--w9-minutes", "0"])
+
+
+def test_w9_steady_churn(
+    backend: Backend,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """W9 for a few seconds: every message handled, buckets over the publishing
+    and the settle, the gauge's fields in every bucket and at every mark."""
+    from benchmarks.churn import GAUGE_FIELDS
+
+    if backend.server_url is not None:
+        monkeypatch.setenv(ENV[backend.name], backend.server_url)
+    out = tmp_path / "w9.json"
+    status = run.main(
+        [
+            *("--backend", backend.name, "--workloads", "W9", "--json", str(out)),
+            *("--w9-minutes", "0.04", "--w9-rate", "50", "--w9-settle", "1"),
+            *("--w9-bucket", "1"),
+        ]
+    )
+    assert status == 0
+    report = json.loads(out.read_text())
+    assert report["sizes"]["w9_rate"] == 50
+    [row] = report["results"]
+    assert (row["workload"], row["backend"], row["unit"]) == ("W9", backend.name, "ms")
+    assert "error" not in row, row.get("error")
+    assert row["figure"].startswith("last/first min p99 ")
+    assert isinstance(row["met"], bool)
+    [one] = row["novaque_runs"]
+    summary = one["summary"]
+    assert one["done"] == one["expected"] == summary["published"] == summary["handled"] == 120
+    assert summary["hold"] is True
+    assert summary["snapshot_kept_to_the_end"] is True
+    assert summary["first_minute"]["n"] > 0
+    assert summary["last_minute"]["n"] > 0
+    buckets = one["buckets"]
+    assert len(buckets) >= 3
+    assert sum(b["published"] for b in buckets) == 120
+    assert sum(b["handled"] for b in buckets) == 120
+    assert buckets[0]["phase"] == "publish"
+    assert buckets[-1]["phase"] == "settle"
+    assert buckets[0]["p50_ms"] <= buckets[0]["p99_ms"]
+    fields = set(GAUGE_FIELDS[backend.name])
+    for bucket in buckets:
+        assert fields <= set(bucket["gauge"]), bucket
+    marks = [s["mark"] for s in one["series"]]
+    for mark in ("start", "publish end", "snapshot closed", "end"):
+        assert mark in marks
+    for sample in one["series"]:
+        assert fields <= set(sample), sample
+    printed = capsys.readouterr().out
+    assert f"W9 on {backend.name}: every bucket" in printed
+    assert "| snapshot closed |" in printed
 
 
 @pytest.mark.parametrize("engine", ["connect", "plain"])
