@@ -1,4 +1,4 @@
-"""W5: several consumer processes drain one channel.
+"""W5: several consumer processes drain one channel (and the cost curves' idle ones).
 
 A pool of worker processes (``spawn``: each a fresh interpreter, nothing
 inherited) is started once per backend and reused by every W5 run, so process
@@ -6,6 +6,10 @@ start-up and imports stay outside the measurements. For each run the parent
 tells ``k`` workers what to consume; each one connects, says it is ready, waits
 for the common start signal and consumes until told to stop. Handled messages
 are counted in one shared counter, which the parent watches.
+
+The cost curves (``curves.py``) use the same pool for their idle processes
+(:meth:`WorkerPool.idle`): each one starts a client with a consumer waiting on
+an empty channel and stays idle while the parent counts what they send.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import contextlib
 import multiprocessing as mp
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -32,6 +37,8 @@ def _worker(pipe: Connection, counter: Any, go: Any, stop: Any) -> None:
             _, kind, backend, url, sizes = command
             if kind == "floor":
                 _floor_worker(pipe, counter, go, stop, backend, url, sizes)
+            elif kind == "idle":
+                _idle_worker(pipe, go, stop, backend, url)
             else:
                 _novaque_worker(pipe, counter, go, stop, backend, url, sizes)
         except BaseException:
@@ -93,6 +100,35 @@ def _novaque_worker(
     finally:
         close_client(client)
     pipe.send(("done", done))
+
+
+def _idle_worker(pipe: Connection, go: Any, stop: Any, backend: str, url: str) -> None:
+    """A started client (``novaque.connect`` with its defaults, maintenance
+    running) with one consumer waiting on the empty channel ``benchmarks.idle``
+    declares; on SQLite it counts the statements of its own connections from
+    ``go`` to ``stop`` (``sqlite3``'s trace: another process's statements
+    cannot be seen from the parent) and reports them."""
+    import novaque
+    from benchmarks.idle import CHANNEL, TOPIC, Traced
+
+    traced = Traced() if backend == "sqlite" else None
+    counted = 0
+    try:
+        client = novaque.connect(url)
+        try:
+            client.start()
+            client.subscribe_and_start(TOPIC, CHANNEL, lambda msg: None)
+            pipe.send(("ready",))
+            go.wait()
+            first = traced.counts()[0] if traced is not None else 0
+            stop.wait()
+            counted = (traced.counts()[0] if traced is not None else 0) - first
+        finally:
+            client.shutdown()
+    finally:
+        if traced is not None:
+            traced.close()
+    pipe.send(("done", counted))
 
 
 class WorkerPool:
@@ -160,6 +196,53 @@ class WorkerPool:
                 if reply[0] == "done":
                     per_proc.append(int(reply[1]))
         return Run(min(done, n), n, ended - started, extra={"procs": procs, "per_proc": per_proc})
+
+    def idle(
+        self,
+        procs: int,
+        backend: str,
+        url: str,
+        settle: float,
+        seconds: float,
+        sample: Callable[[], float] | None = None,
+    ) -> dict[str, Any]:
+        """``procs`` idle clients (:func:`_idle_worker`) on ``url``: once all are
+        ready and ``settle`` seconds have passed, a window of ``seconds``.
+        Returns the window's length, each process's own count (SQLite's
+        statements; 0 elsewhere) and how far ``sample`` (a server's counter,
+        read before and after) moved."""
+        self.go.clear()
+        self.stop.clear()
+        pipes = self.pipes[:procs]
+        for pipe in pipes:
+            pipe.send(("run", "idle", backend, url, None))
+        try:
+            for pipe in pipes:
+                if not pipe.poll(READY_TIMEOUT_S):
+                    raise RuntimeError("an idle worker did not get ready")
+                reply = pipe.recv()
+                if reply[0] == "error":
+                    raise RuntimeError(f"idle worker failed:\n{reply[1]}")
+            time.sleep(settle)
+            before = sample() if sample is not None else 0.0
+            started = time.perf_counter()
+            self.go.set()
+            time.sleep(seconds)
+            self.stop.set()
+            window = time.perf_counter() - started
+            after = sample() if sample is not None else 0.0
+        finally:
+            self.go.set()
+            self.stop.set()
+        per_proc = []
+        for pipe in pipes:
+            if pipe.poll(30):
+                reply = pipe.recv()
+                if reply[0] == "error":
+                    raise RuntimeError(f"idle worker failed:\n{reply[1]}")
+                if reply[0] == "done":
+                    per_proc.append(int(reply[1]))
+        return {"seconds": window, "per_proc": per_proc, "sampled": after - before}
 
     def close(self) -> None:
         for pipe in self.pipes:

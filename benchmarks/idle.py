@@ -41,7 +41,7 @@ from benchmarks._wire import CommandCounter
 TOPIC, CHANNEL = "idle", "c"
 
 
-class _Traced:
+class Traced:
     """Statements run by every SQLite connection opened from now on, by connection."""
 
     def __init__(self) -> None:
@@ -69,7 +69,7 @@ class _Traced:
         sa.event.remove(sa.engine.Engine, "connect", self._connected)
 
 
-def _declare(url: str) -> None:
+def declare(url: str) -> None:
     client = novaque.connect(url)
     try:
         client.ensure_channel(TOPIC, CHANNEL)
@@ -77,7 +77,7 @@ def _declare(url: str) -> None:
         client.shutdown()
 
 
-def _questions(server: sa.Engine) -> int:
+def questions(server: sa.Engine) -> int:
     with server.connect() as conn:
         row = conn.exec_driver_sql("SHOW GLOBAL STATUS LIKE 'Questions'").one()
     return int(row[1])
@@ -90,13 +90,13 @@ def _window(
 ) -> dict[str, float]:
     """Per second over ``seconds``: everything the client sent, the watcher's
     part, and the server's ``Questions`` (all sessions)."""
-    q0 = _questions(server) if server is not None else 0
+    q0 = questions(server) if server is not None else 0
     total0, watcher0 = counts()
     started = time.monotonic()
     time.sleep(seconds)
     elapsed = time.monotonic() - started
     total1, watcher1 = counts()
-    q1 = _questions(server) if server is not None else 0
+    q1 = questions(server) if server is not None else 0
     return {
         "seconds": elapsed,
         "sent": (total1 - total0) / elapsed,
@@ -147,7 +147,7 @@ def measure_mysql(twins: list[str], settle: float, seconds: float) -> list[dict[
     db = Database("mysql")
     try:
         db.migrate()
-        _declare(db.url)
+        declare(db.url)
         target = sa.make_url(db.url)
         server = sa.create_engine(target, poolclass=sa.NullPool)
         try:
@@ -182,11 +182,11 @@ def measure_sqlite(twins: list[str], settle: float, seconds: float) -> list[dict
         db = Database("sqlite")
         try:
             db.migrate()
-            _declare(db.url)
-            traced = _Traced()
+            declare(db.url)
+            traced = Traced()
             try:
 
-                def measure(traced: _Traced = traced) -> dict[str, float]:
+                def measure(traced: Traced = traced) -> dict[str, float]:
                     return _window(seconds, traced.counts, None)
 
                 figures = _run_client(twin, db.url, settle, measure)

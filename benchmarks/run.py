@@ -832,6 +832,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="novaque bench",
         description="Benchmark novaque against the raw-SQL floor (see benchmarks/README.md).",
+        epilog="novaque bench broker [--help]: the network broker's benchmark. "
+        "novaque bench --curves [NAMES] [--help]: cost curves drawn as PNG plots.",
     )
     parser.add_argument(
         "--backend",
@@ -959,16 +961,32 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def _curves_args(given: list[str]) -> list[str]:
+    """``novaque bench``'s arguments for the cost curves: a bare ``--curves``
+    (no names after it) only chose them, and is dropped."""
+    out = list(given)
+    at = out.index("--curves") if "--curves" in out else -1
+    if at >= 0 and (at + 1 == len(out) or out[at + 1].startswith("-")):
+        del out[at]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmarks; 0 when every backend ran, 1 when one failed.
 
     ``broker`` first runs the network broker's benchmark instead
-    (``benchmarks/broker.py``)."""
+    (``benchmarks/broker.py``); ``--curves [NAMES]`` anywhere, the cost curves
+    (``benchmarks/curves.py``, which takes ``--curves NAMES`` itself as the
+    subset to draw)."""
     given = sys.argv[1:] if argv is None else argv
     if given[:1] == ["broker"]:
         from benchmarks import broker
 
         return broker.main(given[1:])
+    if "--curves" in given or any(a.startswith("--curves=") for a in given):
+        from benchmarks import curves
+
+        return curves.main(_curves_args(given))
     args = parse_args(given)
     sizes = Sizes(
         w5_messages=args.w5_messages,
