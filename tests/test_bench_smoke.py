@@ -292,3 +292,85 @@ def test_the_broker_benchmark_runs_on_sqlite(tmp_path: Path) -> None:
         assert result[name]["ratio"] > 0
     assert result["wakeup"]["n"] == 3
     assert 0 < result["wakeup"]["p50_ms"] <= result["wakeup"]["p99_ms"]
+
+
+CURVES = ("backlog", "channels", "procs", "idle")
+
+
+def curves(tmp_path: Path, backend: str, *more: str) -> tuple[int, dict[str, Any], Path]:
+    """``novaque bench --curves`` at a tiny scale, two processes at most."""
+    out, report = tmp_path / "curves", tmp_path / "curves.json"
+    status = run.main(
+        [
+            *("--curves", "--backend", backend, "--scale", "0.005"),
+            *("--procs", "1,2", "--idle-procs", "1,2"),
+            *("--out", str(out), "--json", str(report), *more),
+        ]
+    )
+    return status, json.loads(report.read_text()), out
+
+
+def check_curves(report: dict[str, Any], out: Path, backend: str) -> None:
+    assert sorted(report["curves"]) == sorted(CURVES)
+    for name in CURVES:
+        png = out / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        curve = report["curves"][name]
+        series = curve["backends"][backend]
+        assert "error" not in series, series.get("trace")
+        assert [p["x"] for p in series["points"]] == curve["x"], name  # a point per x value
+        for point in series["points"]:
+            assert point["y"] > 0, (name, point)
+            [one] = point["runs"]
+            assert not one.get("partial"), (name, one)
+    assert report["curves"]["procs"]["x"] == [1, 2]
+    assert report["curves"]["channels"]["x"] == [1, 10, 100]
+    backlog = report["curves"]["backlog"]["backends"][backend]["points"]
+    # the drained messages came off the top: the depth is what is left behind
+    assert [p["runs"][0]["left_after"] for p in backlog] == report["curves"]["backlog"]["x"]
+    idle = report["curves"]["idle"]["backends"][backend]["points"]
+    assert all(p["runs"][0]["counted"] for p in idle)
+    assert report["commit"]
+    assert report["scale"] == 0.005
+
+
+def test_the_cost_curves_on_sqlite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The curves measured and drawn, and W9's over time drawn from a file of
+    the shape ``benchmarks/_plot.py``'s reader documents."""
+    w9 = tmp_path / "w9.json"
+    buckets = [{"t": 30 * i, "p50_ms": 3.0 + i % 3, "p99_ms": 9.0 + i % 5} for i in range(6)]
+    w9.write_text(json.dumps({"sqlite": buckets, "postgres": buckets[:3]}))
+    status, report, out = curves(tmp_path, "sqlite", "--w9-json", str(w9))
+    assert status == 0
+    check_curves(report, out, "sqlite")
+    assert (out / "w9.png").read_bytes()[:4] == b"\x89PNG"
+    assert [b["t"] for b in report["w9"]["sqlite"]] == [30.0 * i for i in range(6)]
+    assert list(report["w9"]) == ["sqlite"]  # --backend sqlite
+    printed = capsys.readouterr()
+    assert "| backlog | sqlite |" in printed.out
+    assert "sqlite idle 2" in printed.err  # the progress bar
+    assert "done" in printed.err
+
+
+def test_a_w9_file_of_another_shape_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    w9 = tmp_path / "w9.json"
+    w9.write_text(json.dumps({"sqlite": [{"t": 0, "p50": 3.0}]}))
+    with pytest.raises(SystemExit) as exit_info:
+        run.main(["--curves", "w9", "--w9-json", str(w9), "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "sqlite, bucket 0: expected numbers t, p50_ms and p99_ms" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run.main(["--curves", "w9"])  # drawn from a file only
+
+
+@pytest.mark.parametrize("backend", ["postgres", "mysql"], indirect=True)  # SQLite: above
+def test_the_cost_curves_on_the_servers(
+    backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert backend.server_url is not None
+    monkeypatch.setenv(ENV[backend.name], backend.server_url)
+    status, report, out = curves(tmp_path, backend.name)
+    assert status == 0
+    check_curves(report, out, backend.name)
