@@ -109,35 +109,65 @@ def _finish(fig: Any, plt: Any, path: Path, stamp: Stamp, more: str = "") -> Non
 
 @dataclass(frozen=True)
 class Bucket:
-    """One 30-second bucket of W9: its start (seconds since W9 began) and the
-    latencies of the messages handled in it."""
+    """One bucket of W9: its start (seconds since W9 began) and the latencies
+    of the messages published in it."""
 
     t: float
     p50_ms: float
     p99_ms: float
 
 
-def read_w9(path: str | Path) -> dict[str, list[Bucket]]:
-    """W9's latency over time, by backend, from a JSON file of this shape::
+_SHAPE = (
+    'a "novaque bench --workloads W9 --json" report, or an object of backends, each a '
+    'list of {"t": seconds, "p50_ms": ..., "p99_ms": ...}'
+)
+
+
+def read_w9(*paths: str | Path) -> dict[str, list[Bucket]]:
+    """W9's latency over time, by backend, from one or more JSON files (one
+    each when the backends ran apart), each either
+
+    - the report ``novaque bench --workloads W9 --json PATH`` writes: the W9
+      rows of its ``results``, their run's ``buckets`` (``t0_s``, ``p50_ms``,
+      ``p99_ms``; buckets of the settle, where nothing was published, have no
+      latency and are left out); or
+    - this shape, optionally inside an object under ``"w9"``::
 
         {"sqlite":   [{"t": 0, "p50_ms": 3.1, "p99_ms": 9.8},
                       {"t": 30, "p50_ms": 3.0, "p99_ms": 11.2}, ...],
          "postgres": [...],
          "mysql":    [...]}
 
-    optionally inside an object under ``"w9"``. ``t`` is the bucket's start in
-    seconds since W9 began (buckets of 30 s); other keys of a bucket (a
-    count, p95) are ignored; a backend may be missing. Raises ``ValueError``
-    saying what is wrong with a file of another shape.
+      ``t`` the bucket's start in seconds since W9 began; other keys of a
+      bucket are ignored; a backend may be missing.
+
+    A backend in two files is refused, and so is a file of another shape,
+    with a ``ValueError`` that says what is wrong.
     """
-    raw = json.loads(Path(path).read_text())
-    if isinstance(raw, dict) and isinstance(raw.get("w9"), dict):
+    out: dict[str, list[Bucket]] = {}
+    for path in paths:
+        for backend, buckets in _read_one(Path(path)).items():
+            if backend in out:
+                raise ValueError(f"{path}: W9 on {backend} is in another file too")
+            out[backend] = buckets
+    return out
+
+
+def _read_one(path: Path) -> dict[str, list[Bucket]]:
+    raw = json.loads(path.read_text())
+    if isinstance(raw, dict) and isinstance(raw.get("results"), list):
+        rows = [r for r in raw["results"] if isinstance(r, dict) and r.get("workload") == "W9"]
+        if not rows:
+            raise ValueError(f"{path}: a benchmark report without W9 in it")
+        by_backend = {}
+        for row in rows:
+            runs = row.get("novaque_runs") or [{}]
+            by_backend[str(row.get("backend"))] = runs[0].get("buckets")
+        raw = by_backend
+    elif isinstance(raw, dict) and isinstance(raw.get("w9"), dict):
         raw = raw["w9"]
     if not isinstance(raw, dict) or not raw:
-        raise ValueError(
-            f"{path}: expected an object of backends, each a list of "
-            '{"t": seconds, "p50_ms": ..., "p99_ms": ...}'
-        )
+        raise ValueError(f"{path}: expected {_SHAPE}")
     out: dict[str, list[Bucket]] = {}
     for backend, buckets in raw.items():
         if backend not in LABELS:
@@ -147,9 +177,10 @@ def read_w9(path: str | Path) -> dict[str, list[Bucket]]:
         read = []
         for i, bucket in enumerate(buckets):
             try:
-                read.append(
-                    Bucket(float(bucket["t"]), float(bucket["p50_ms"]), float(bucket["p99_ms"]))
-                )
+                t = bucket["t"] if "t" in bucket else bucket["t0_s"]
+                if bucket["p50_ms"] is None and bucket["p99_ms"] is None:
+                    continue  # nothing published in it (W9's settle)
+                read.append(Bucket(float(t), float(bucket["p50_ms"]), float(bucket["p99_ms"])))
             except (KeyError, TypeError, ValueError) as exc:
                 raise ValueError(
                     f"{path}: {backend}, bucket {i}: expected numbers t, p50_ms and p99_ms "
@@ -185,7 +216,7 @@ def draw_w9(path: Path, w9: Mapping[str, Sequence[Bucket]], stamp: Stamp, source
         ax.set_yscale("log")
     else:
         ax.set_ylim(bottom=0)
-    ax.set_title("W9: latency over time (30 s buckets)")
+    ax.set_title("W9: latency over time (publish to handler start)")
     ax.set_xlabel("minutes since the start" if minutes else "seconds since the start")
     ax.set_ylabel("publish to handler, ms")
     ax.grid(True, alpha=0.3)

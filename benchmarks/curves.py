@@ -634,7 +634,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--json", metavar="PATH", help="also write every point as JSON here")
     parser.add_argument(
-        "--w9-json", metavar="PATH", help="draw W9's latency over time from this file"
+        "--w9-json",
+        metavar="PATH",
+        action="append",
+        help="draw W9's latency over time from this file (a 'novaque bench --workloads W9 "
+        "--json' report, or the shape benchmarks/README.md shows); once per file",
     )
     parser.add_argument(
         "--procs",
@@ -665,7 +669,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if not args.w9_json:
             parser.error("the w9 curve is drawn from a file: give --w9-json PATH")
         try:
-            args.w9 = read_w9(args.w9_json)
+            args.w9 = read_w9(*args.w9_json)
         except (OSError, ValueError) as exc:
             parser.error(str(exc))
     else:
@@ -711,7 +715,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             pools.close()
         progress.finish()
-    source = Path(args.w9_json).name if args.w9_json else ""
+    source = ", ".join(Path(p).name for p in args.w9_json or [])
     written = draw(args.out, results, w9, the_stamp, source)
     elapsed = time.monotonic() - started
     if measured:

@@ -224,6 +224,10 @@ def test_w9_steady_churn(
     printed = capsys.readouterr().out
     assert f"W9 on {backend.name}: every bucket" in printed
     assert "| snapshot closed |" in printed
+    # The cost curves draw the report as it is (the settle's buckets have no latency).
+    drawn = tmp_path / "curves"
+    assert run.main(["--curves", "w9", "--w9-json", str(out), "--out", str(drawn)]) == 0
+    assert (drawn / "w9.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.parametrize("engine", ["connect", "plain"])
