@@ -175,6 +175,10 @@ class Series:
         point.values.append(value)
         point.runs.append(raw)
 
+    def fail(self, exc: Exception) -> None:
+        """Called in the ``except`` block: the error and its traceback."""
+        self.error, self.trace = f"{type(exc).__name__}: {exc}", traceback.format_exc()
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"points": [p.to_json() for p in self.points.values()]}
         if self.error:
@@ -195,9 +199,6 @@ class Pools:
         if self._pool is None:
             self._pool = WorkerPool(self.size)
         return self._pool
-
-    def renew(self) -> None:
-        self.close()
 
     def close(self) -> None:
         if self._pool is not None:
@@ -331,7 +332,7 @@ class BackendCurves:
             db = Database(self.backend)
         except Exception as exc:
             for series in self.series.values():
-                series.error, series.trace = f"{type(exc).__name__}: {exc}", traceback.format_exc()
+                series.fail(exc)
             return self.series
         try:
             self.info["server"] = db.migrate()
@@ -340,13 +341,9 @@ class BackendCurves:
                 try:
                     getattr(self, f"_{name}")(self.series[name])
                 except Exception as exc:
-                    series = self.series[name]
-                    series.error, series.trace = (
-                        f"{type(exc).__name__}: {exc}",
-                        (traceback.format_exc()),
-                    )
+                    self.series[name].fail(exc)
                     if name in ("procs", "idle"):
-                        self.pools.renew()
+                        self.pools.close()  # its workers may be out of step: start afresh
         finally:
             db.drop()
         return self.series
