@@ -216,9 +216,9 @@ channels = sa.Table(
     sa.Column("rate_used", sa.Integer, nullable=True),
     # The lowest and highest claim lane the channel's deliveries have had (0
     # and 0 until a message of another priority reaches it), widened in the
-    # transaction that brings one and never narrowed: MariaDB's claim starts
-    # at low_lane and looks no further than high_lane, with no probe of the
-    # claim index for a channel of one lane.
+    # transaction that brings one and never narrowed: MariaDB's claim looks
+    # for lanes between the two only, and with no probe of the claim index
+    # when they are one.
     sa.Column("low_lane", sa.SmallInteger, nullable=False, server_default="0"),
     sa.Column("high_lane", sa.SmallInteger, nullable=False, server_default="0"),
     sa.UniqueConstraint("topic_id", "name"),

@@ -6,10 +6,10 @@ the lowest and highest lane its deliveries have had: a publish of a
 priority other than 0, a dead letter moved in from another channel and a
 replay widen them in their own transaction, before their deliveries are
 written, and nothing narrows them. MariaDB's claim reads them with the
-channel's lease: it starts at ``low_lane``, and probes the claim index for
-a next lane only up to ``high_lane``, so a channel that never saw a
-priority other than 0 claims from its one range with no probe at all, as
-it did before 0011.
+channel's lease: a channel whose two lanes are one (one that never saw a
+priority other than 0) is claimed from its one range with no probe at all,
+as before 0011; a channel of several probes the claim index for its lanes
+between the two only.
 
 Existing channels get the lanes of the messages they hold deliveries of
 (dead and deferred ones included: they get their message's priority back

@@ -176,12 +176,14 @@ def _in_block(stmt: sa.ClauseElement) -> str:
     return _pyformat(stmt).replace("%(p_lane_at)s", "lane").replace("%(p_limit)s", "want")
 
 
-#: A claim block's next lane: the channel's lowest above ``lane``, up to its
-#: ``high_lane`` (one probe of the claim index).
-_NEXT_LANE_SQL = (
+#: A claim block's lanes, within the channel's ``low_lane`` to ``high_lane``
+#: (``lane`` to ``top``): the lowest of its deliveries, then the next above
+#: ``lane`` (each one probe of the claim index).
+_FIRST_LANE_SQL = (
     f"SELECT min(priority) FROM {d.name} WHERE channel_id = %(p_channel)s "
-    "AND priority > lane AND priority <= top"
+    "AND priority >= lane AND priority <= top"
 )
+_NEXT_LANE_SQL = _FIRST_LANE_SQL.replace("priority >= lane", "priority > lane")
 
 
 #: What a spread claim's block declares: how many rows its slice gave, and their ids.
@@ -248,9 +250,9 @@ def _lease_block(*, ack: bool, spread: bool = False) -> str:
         f"FROM {channels.name} WHERE id = %(p_channel)s; "
         "SET lease_until = coalesce(CASE WHEN %(p_channel_lease)s = 1 "
         "THEN %(p_now)s + channel_lease END, %(p_until)s); "
-        # The lanes, from the channel's lowest, until the claim has its rows
-        # (as in_lanes): a channel of one lane takes from it and stops.
-        "SET want = %(p_limit)s; "
+        # The lanes, lowest first, until the claim has its rows (as in_lanes):
+        # a channel of one lane takes from it, with no probe, and stops.
+        f"SET want = %(p_limit)s; IF lane < top THEN SET lane = ({_FIRST_LANE_SQL}); END IF; "
         f"WHILE want > 0 AND lane IS NOT NULL DO {picks}"
         "SET want = want - ROW_COUNT(); "
         f"IF want > 0 AND lane < top THEN SET lane = ({_NEXT_LANE_SQL}); "
