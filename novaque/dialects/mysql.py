@@ -181,9 +181,12 @@ def _in_block(stmt: sa.ClauseElement) -> str:
 #: ``lane`` (each one probe of the claim index).
 _FIRST_LANE_SQL = (
     f"SELECT min(priority) FROM {d.name} WHERE channel_id = %(p_channel)s "
-    "AND priority >= lane AND priority <= top"
+    "AND priority >= c.low_lane AND priority <= c.high_lane"
 )
-_NEXT_LANE_SQL = _FIRST_LANE_SQL.replace("priority >= lane", "priority > lane")
+_NEXT_LANE_SQL = (
+    f"SELECT min(priority) FROM {d.name} WHERE channel_id = %(p_channel)s "
+    "AND priority > lane AND priority <= top"
+)
 
 
 #: What a spread claim's block declares: how many rows its slice gave, and their ids.
@@ -245,14 +248,16 @@ def _lease_block(*, ack: bool, spread: bool = False) -> str:
         f"{_SPREAD_DECLARED if spread else ''}"
         "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
         f"{acked}"
-        # The channel's lease and lanes (none if it is gone: an aggregate's one row).
-        "SELECT max(lease), max(low_lane), max(high_lane) INTO channel_lease, lane, top "
-        f"FROM {channels.name} WHERE id = %(p_channel)s; "
+        # The channel's lease and lanes, and its lowest lane: a channel of one
+        # lane takes from it with no probe (none if the channel is gone).
+        "SELECT c.lease, CASE WHEN c.low_lane < c.high_lane "
+        f"THEN ({_FIRST_LANE_SQL}) ELSE c.low_lane END, c.high_lane "
+        f"INTO channel_lease, lane, top FROM (SELECT 1) AS one LEFT JOIN {channels.name} AS c "
+        "ON c.id = %(p_channel)s; "
         "SET lease_until = coalesce(CASE WHEN %(p_channel_lease)s = 1 "
         "THEN %(p_now)s + channel_lease END, %(p_until)s); "
-        # The lanes, lowest first, until the claim has its rows (as in_lanes):
-        # a channel of one lane takes from it, with no probe, and stops.
-        f"SET want = %(p_limit)s; IF lane < top THEN SET lane = ({_FIRST_LANE_SQL}); END IF; "
+        # The lanes, lowest first, until the claim has its rows (as in_lanes).
+        "SET want = %(p_limit)s; "
         f"WHILE want > 0 AND lane IS NOT NULL DO {picks}"
         "SET want = want - ROW_COUNT(); "
         f"IF want > 0 AND lane < top THEN SET lane = ({_NEXT_LANE_SQL}); "
