@@ -131,6 +131,20 @@ def _idle_worker(pipe: Connection, go: Any, stop: Any, backend: str, url: str) -
     pipe.send(("done", counted))
 
 
+def _counts(pipes: list[Connection], who: str) -> list[int]:
+    """What each worker of a run reported at its end (a worker that sends
+    nothing within 30 s is left out; one that failed raises)."""
+    counts = []
+    for pipe in pipes:
+        if pipe.poll(30):
+            reply = pipe.recv()
+            if reply[0] == "error":
+                raise RuntimeError(f"{who} failed:\n{reply[1]}")
+            if reply[0] == "done":
+                counts.append(int(reply[1]))
+    return counts
+
+
 class WorkerPool:
     """``size`` worker processes, reused by every W5 run of one backend."""
 
@@ -187,14 +201,7 @@ class WorkerPool:
         finally:
             self.go.set()
             self.stop.set()
-        per_proc = []
-        for pipe in pipes:
-            if pipe.poll(30):
-                reply = pipe.recv()
-                if reply[0] == "error":
-                    raise RuntimeError(f"W5 {kind} worker failed:\n{reply[1]}")
-                if reply[0] == "done":
-                    per_proc.append(int(reply[1]))
+        per_proc = _counts(pipes, f"W5 {kind} worker")
         return Run(min(done, n), n, ended - started, extra={"procs": procs, "per_proc": per_proc})
 
     def idle(
@@ -234,14 +241,7 @@ class WorkerPool:
         finally:
             self.go.set()
             self.stop.set()
-        per_proc = []
-        for pipe in pipes:
-            if pipe.poll(30):
-                reply = pipe.recv()
-                if reply[0] == "error":
-                    raise RuntimeError(f"idle worker failed:\n{reply[1]}")
-                if reply[0] == "done":
-                    per_proc.append(int(reply[1]))
+        per_proc = _counts(pipes, "idle worker")
         return {"seconds": window, "per_proc": per_proc, "sampled": after - before}
 
     def close(self) -> None:

@@ -275,19 +275,7 @@ def load_ready(db: Database, sizes: Sizes, topic: str, total: int) -> float:
                     "m.max_attempts, m.priority FROM novaque_messages m "
                     f"WHERE m.topic_id = {topic_id} AND m.id > {low} AND m.id <= {low + 100_000}"
                 )
-        with client.engine.begin() as conn:
-            conn.exec_driver_sql("DROP TABLE bench_seq")
-            conn.exec_driver_sql("DROP TABLE bench_msg")
-        if db.backend == "postgres":
-            with client.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                conn.exec_driver_sql("VACUUM ANALYZE")
-        else:
-            with client.engine.begin() as conn:
-                conn.exec_driver_sql(
-                    "ANALYZE TABLE novaque_deliveries, novaque_messages"
-                    if db.backend == "mysql"
-                    else "ANALYZE"
-                )
+        nq.end_bulk_load(client.engine, db.backend)
     finally:
         close_client(client)
     return time.perf_counter() - started

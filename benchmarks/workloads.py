@@ -552,6 +552,26 @@ def _ready_left(db: Database, topic: str) -> int:
         engine.dispose()
 
 
+def end_bulk_load(engine: sa.Engine, backend: str) -> None:
+    """After a bulk copy of deliveries (``bench_seq`` and ``bench_msg``, the
+    loader's tables): drop those and gather the queue tables' statistics
+    (on PostgreSQL with a VACUUM, which sets the visibility map the backlog
+    counts read)."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP TABLE bench_seq")
+        conn.exec_driver_sql("DROP TABLE bench_msg")
+    if backend == "postgres":
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("VACUUM ANALYZE")
+    else:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "ANALYZE TABLE novaque_deliveries, novaque_messages"
+                if backend == "mysql"
+                else "ANALYZE"
+            )
+
+
 def load_backlog(db: Database, sizes: Sizes, topic: str) -> float:
     """W4 setup: ``w4_backlog`` dead and delayed deliveries on ``topic``'s channel.
 
@@ -611,17 +631,7 @@ def load_backlog(db: Database, sizes: Sizes, topic: str) -> float:
                         f"WHERE bm.k >= {first} AND bm.k < {first + step}"
                     )
                 )
-        with client.engine.begin() as conn:
-            conn.exec_driver_sql("DROP TABLE bench_seq")
-            conn.exec_driver_sql("DROP TABLE bench_msg")
-        if db.backend == "postgres":
-            with client.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                conn.exec_driver_sql("VACUUM ANALYZE")
-        else:
-            with client.engine.begin() as conn:
-                conn.exec_driver_sql(
-                    "ANALYZE TABLE novaque_deliveries" if db.backend == "mysql" else "ANALYZE"
-                )
+        end_bulk_load(client.engine, db.backend)
     finally:
         close_client(client)
     return time.perf_counter() - started
