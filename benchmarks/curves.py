@@ -226,30 +226,8 @@ def load_ready(db: Database, sizes: Sizes, topic: str, total: int) -> float:
         client.ensure_channel(topic, nq.CHANNEL)
         templates = min(1000, total)
         copies = -(-total // templates)  # templates * copies >= total
-        nq.prefill(client, templates, topic=topic)
-        m, t, c = schema.messages, schema.topics, schema.channels
-        with client.engine.begin() as conn:
-            topic_id = conn.execute(sa.select(t.c.id).where(t.c.name == topic)).scalar_one()
-            channel_id = conn.execute(
-                sa.select(c.c.id).where(c.c.topic_id == topic_id)
-            ).scalar_one()
-            ids = [
-                r[0]
-                for r in conn.execute(
-                    sa.select(m.c.id).where(m.c.topic_id == topic_id).order_by(m.c.id)
-                )
-            ]
-            conn.exec_driver_sql("CREATE TABLE bench_seq (n INTEGER PRIMARY KEY)")
-            if copies > 1:
-                conn.execute(
-                    sa.text("INSERT INTO bench_seq (n) VALUES (:n)"),
-                    [{"n": i} for i in range(1, copies)],
-                )
-            conn.exec_driver_sql("CREATE TABLE bench_msg (k INTEGER PRIMARY KEY, id BIGINT)")
-            conn.execute(
-                sa.text("INSERT INTO bench_msg (k, id) VALUES (:k, :id)"),
-                [{"k": k, "id": i} for k, i in enumerate(ids)],
-            )
+        topic_id, channel_id, ids = nq.begin_bulk_load(client, topic, templates, range(1, copies))
+        m = schema.messages
         last_template = ids[-1]
         step = max(1, 100_000 // max(1, copies - 1))  # templates per statement
         for first in range(0, templates if copies > 1 else 0, step):

@@ -552,6 +552,35 @@ def _ready_left(db: Database, topic: str) -> int:
         engine.dispose()
 
 
+def begin_bulk_load(
+    client: Any, topic: str, templates: int, numbers: range
+) -> tuple[int, int, list[int]]:
+    """Before a bulk copy of deliveries on ``topic``'s one channel: publish
+    ``templates`` messages (each with its ready delivery) and write the
+    loader's tables, ``bench_msg`` (``k``: 0, 1, ... and the templates' ids)
+    and ``bench_seq`` (``n``: ``numbers``) to cross-join them. Returns the
+    topic's and the channel's ids and the templates' ids, ascending
+    (:func:`end_bulk_load` drops the tables)."""
+    prefill(client, templates, topic=topic)
+    m, t, c = schema.messages, schema.topics, schema.channels
+    with client.engine.begin() as conn:
+        topic_id = conn.execute(sa.select(t.c.id).where(t.c.name == topic)).scalar_one()
+        channel_id = conn.execute(sa.select(c.c.id).where(c.c.topic_id == topic_id)).scalar_one()
+        of_topic = sa.select(m.c.id).where(m.c.topic_id == topic_id).order_by(m.c.id)
+        ids = [r[0] for r in conn.execute(of_topic)]
+        conn.exec_driver_sql("CREATE TABLE bench_seq (n INTEGER PRIMARY KEY)")
+        if numbers:
+            conn.execute(
+                sa.text("INSERT INTO bench_seq (n) VALUES (:n)"), [{"n": n} for n in numbers]
+            )
+        conn.exec_driver_sql("CREATE TABLE bench_msg (k INTEGER PRIMARY KEY, id BIGINT)")
+        conn.execute(
+            sa.text("INSERT INTO bench_msg (k, id) VALUES (:k, :id)"),
+            [{"k": k, "id": i} for k, i in enumerate(ids)],
+        )
+    return int(topic_id), int(channel_id), ids
+
+
 def end_bulk_load(engine: sa.Engine, backend: str) -> None:
     """After a bulk copy of deliveries (``bench_seq`` and ``bench_msg``, the
     loader's tables): drop those and gather the queue tables' statistics
@@ -590,27 +619,11 @@ def load_backlog(db: Database, sizes: Sizes, topic: str) -> float:
         client.ensure_channel(topic, CHANNEL)
         n_msgs = min(1000, sizes.w4_backlog)
         per = min(1000, -(-sizes.w4_backlog // n_msgs))
-        prefill(client, n_msgs, topic=topic)
-        d, m, t, c = schema.deliveries, schema.messages, schema.topics, schema.channels
+        _, channel_id, _ = begin_bulk_load(client, topic, n_msgs, range(per))
+        d = schema.deliveries
         with client.engine.begin() as conn:
-            topic_id = conn.execute(sa.select(t.c.id).where(t.c.name == topic)).scalar_one()
-            channel_id = conn.execute(
-                sa.select(c.c.id).where(c.c.topic_id == topic_id)
-            ).scalar_one()
-            msg_ids = [
-                r[0] for r in conn.execute(sa.select(m.c.id).where(m.c.topic_id == topic_id))
-            ]
             # prefill made one ready delivery per message: not part of the backlog.
             conn.execute(sa.delete(d).where(d.c.channel_id == channel_id))
-            conn.exec_driver_sql("CREATE TABLE bench_seq (n INTEGER PRIMARY KEY)")
-            conn.execute(
-                sa.text("INSERT INTO bench_seq (n) VALUES (:n)"), [{"n": i} for i in range(per)]
-            )
-            conn.exec_driver_sql("CREATE TABLE bench_msg (k INTEGER PRIMARY KEY, id BIGINT)")
-            conn.execute(
-                sa.text("INSERT INTO bench_msg (k, id) VALUES (:k, :id)"),
-                [{"k": k, "id": i} for k, i in enumerate(msg_ids)],
-            )
         now_us = time.time_ns() // 1000
         delayed_at = now_us + 30 * 86_400 * 1_000_000
         odd = "(b.n + bm.k) % 2 = 1"
