@@ -11,6 +11,7 @@ which forwards these calls here; it is also what a
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -140,12 +141,22 @@ class Consuming:
         )
         if self._context.limits.limited(channel_id):
             return self._claim_limited(topic, channel, claim)
-        op = "claim" if attempt_id is None else ""
-        rows, now, effects = self._context.run_timed(op, consume.claim, claim)
+        if attempt_id is not None:
+            rows, now, effects = self._context.run_timed("", consume.claim, claim)
+        else:
+            claim = self._from_cursor(claim)
+            rows, now, effects = self._context.run_timed("claim", consume.claim, claim)
+            self._context.cursors.claimed(channel_id, claim.since, now, limit, rows)
         if not rows and self._limited_now(channel_id):
             self._context.apply(effects)
             return self._claim_limited(topic, channel, claim)
         return self._handed_out(topic, channel, channel_id, token, rows, now, effects)
+
+    def _from_cursor(self, claim: ClaimParams) -> ClaimParams:
+        """``claim``, starting where this client's claim cursor of its channel
+        says (see :mod:`novaque._claim_cursors`)."""
+        since = self._context.cursors.start(claim.channel_id, self._context.now())
+        return dataclasses.replace(claim, since=since) if since is not None else claim
 
     # -- channels with limits (see novaque._channel_limits) ---------------------------
 
@@ -393,9 +404,11 @@ class Consuming:
             known.freed(channel_id, len(acks) - len(lost) - len(rows))
         else:
             op = "ack_ordered_claim" if consume.ordered(acks) else "ack_claim"
+            claim = self._from_cursor(claim)
             lost, rows, now, effects = self._context.run_timed(
                 op, consume.ack_and_claim, acks, claim
             )
+            self._context.cursors.claimed(channel_id, claim.since, now, limit, rows)
             if not rows and self._limited_now(channel_id):
                 self._context.apply(effects)
                 return lost, self._claim_limited(topic, channel, claim)

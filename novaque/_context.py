@@ -23,6 +23,7 @@ import sqlalchemy as sa
 
 from novaque import _migrate, dialects
 from novaque._channel_limits import LimitedChannels
+from novaque._claim_cursors import ClaimCursors
 from novaque._executor import SyncExecutor
 from novaque._stats import StatsBuffer
 from novaque._time import Clock
@@ -93,6 +94,8 @@ class Context:
         #: Which channels have limits, as this client last saw them, and the
         #: consumers a limit holds back.
         self.limits = LimitedChannels()
+        #: Where this client's claims of each channel start reading.
+        self.cursors = ClaimCursors()
         #: Told when counters arrive in the empty buffer (add_counters_listener).
         self._counters_listeners: list[Callable[[], None]] = []
 
@@ -120,6 +123,7 @@ class Context:
     def schema_changed(self) -> None:
         """The schema was migrated: check it again at the next call."""
         self._schema_ok.clear()
+        self.cursors.forget()
 
     def now(self) -> int:
         """The client's clock, in epoch microseconds."""

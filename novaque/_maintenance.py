@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from novaque import _validate
+from novaque._claim_cursors import ReapCursor
 from novaque._context import Context
 from novaque._stats import MINUTE_US, MINUTES_KEPT_US
 from novaque._time import day_of
@@ -36,6 +37,7 @@ class Maintenance:
         self._context = context
         #: What a maintenance pass runs after the TTL purge (add_purge_pass).
         self._purge_passes: list[Callable[[], int]] = []
+        self._reap_cursor = ReapCursor()
 
     def run_maintenance(self) -> None:
         """Run one pass of every maintenance job, synchronously.
@@ -108,15 +110,21 @@ class Maintenance:
         ``start()``'s loop: TTL purge, then what :meth:`add_purge_pass` added."""
         return self.purge_expired() + sum(run() for run in self._purge_passes)
 
-    def reap_leases(self) -> int:
+    def reap_leases(self, *, since_last: bool = False) -> int:
         """Release deliveries whose lease expired; dead-letter those out of attempts.
 
         Returns how many deliveries it changed. Tokens of reaped leases stop
-        working (:class:`~novaque.LeaseLost`).
+        working (:class:`~novaque.LeaseLost`). ``since_last``: the maintenance
+        loop's pass, which reads the leases expired since its last one (see
+        :class:`~novaque._claim_cursors.ReapCursor`).
         """
+        now = self._context.now()
+        since = self._reap_cursor.start(now) if since_last else None
         changed = self._context.in_batches(
-            maintain.reap_batch, self._context.options.maintenance_batch
+            maintain.reap_batch, self._context.options.maintenance_batch, since
         )
+        if since_last:
+            self._reap_cursor.passed(since, now)
         if changed:
             self._context.log.debug("reaped %d expired leases", changed)
         return changed

@@ -543,7 +543,7 @@ class Runtime:
         context = self.context
         context.ready()
         context.resample_clock()
-        return self.jobs.reap_leases()
+        return self.jobs.reap_leases(since_last=True)
 
     def _maintenance_loop(self) -> None:
         jobs = self._maintenance_jobs()

@@ -22,6 +22,7 @@ __all__ = [
     "DEAD_VISIBLE_AT",
     "DEFERRED_VISIBLE_AT",
     "ENGINE_CHECKED",
+    "FAR_PAST",
     "ORDERINGS",
     "PARKED_OFFSET",
     "QUEUE_AUTOVACUUM",
@@ -79,6 +80,9 @@ DEFERRED_VISIBLE_AT = DEAD_VISIBLE_AT - 1
 #: (beyond any real time, below DEAD_VISIBLE_AT) and keeps its due time, which
 #: comes back when the delivery becomes its group's head.
 PARKED_OFFSET = 2**61
+#: Before every real ``visible_at``: a scan of the claim index's range (or the
+#: state index's) that starts here reads it from its first entry.
+FAR_PAST = -(2**62)
 
 #: ``novaque_channels.ordering``: the code stored for each ordering.
 ORDERINGS = {"standard": 0, "group_fifo": 1, "strict_fifo": 2}

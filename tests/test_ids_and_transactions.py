@@ -296,6 +296,9 @@ def test_a_claim_scanning_while_a_publish_commits_gets_whole_messages(
         )
         with backend.engine().begin() as conn:
             conn.execute(early)
+        # A client that has not claimed yet: its claim reads the channel from
+        # the first entry (written behind the claim cursor of one that has).
+        claimer = backend.client(clock=clock)
         results: list[object] = []
         scan = threading.Thread(target=_claim_into, args=(claimer, results))
         scan.start()

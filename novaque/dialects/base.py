@@ -27,6 +27,7 @@ from sqlalchemy.exc import DBAPIError
 
 from novaque._tables import (
     COUNTER_COLUMNS,
+    FAR_PAST,
     STATE_LEASED,
     STATE_READY,
     channels,
@@ -256,25 +257,52 @@ NEXT_LANE = sa.select(sa.func.min(d.c.priority)).where(
 )
 
 
-def claim_range(lane: sa.ColumnElement[Any] = claim_lane) -> sa.ColumnElement[bool]:
-    """Due deliveries of a channel in one ``lane`` (the claim's index range;
-    a lane known before the statement, where the planner takes a subquery's
-    value for no bound of the range that follows)."""
+#: Where a claim's scan of the channel starts: ``p_from`` (the claim cursor,
+#: see :mod:`novaque._claim_cursors`) for a channel of one lane and standard
+#: ordering; from the first for any other (a delivery of a lane above the
+#: one a claim filled from, or of a group moved on, may be due earlier).
+scan_from = sa.func.coalesce(
+    sa.case(
+        (
+            # (Literals: a driver's statement has no anonymous parameter.)
+            sa.and_(
+                channels.c.ordering == sa.literal_column("0"),
+                channels.c.low_lane == channels.c.high_lane,
+            ),
+            sa.bindparam("p_from", None, type_=sa.BigInteger),
+        )
+    ),
+    sa.literal_column(str(FAR_PAST), sa.BigInteger),
+)
+_scan_from = (
+    sa.select(scan_from).where(channels.c.id == sa.bindparam("p_channel")).scalar_subquery()
+)
+
+
+def claim_range(
+    lane: sa.ColumnElement[Any] = claim_lane, since: sa.ColumnElement[Any] = _scan_from
+) -> sa.ColumnElement[bool]:
+    """Due deliveries of a channel in one ``lane`` from ``since`` (the claim's
+    index range; a lane known before the statement, where the planner takes a
+    subquery's value for no bound of the range that follows)."""
     return sa.and_(
         d.c.channel_id == sa.bindparam("p_channel"),
         d.c.priority == lane,
+        d.c.visible_at >= since,
         d.c.visible_at <= sa.bindparam("p_now"),
         d.c.attempts < d.c.max_attempts,
     )
 
 
-def claim_ids(lane: sa.ColumnElement[Any] = claim_lane) -> sa.Select[Any]:
-    """The claim's pick in ``lane``: its range, unless the channel is paused, or
-    limited and the claim not one that holds its row; oldest due first,
-    skipping others' locks."""
+def claim_ids(
+    lane: sa.ColumnElement[Any] = claim_lane, since: sa.ColumnElement[Any] = _scan_from
+) -> sa.Select[Any]:
+    """The claim's pick in ``lane`` from ``since``: its range, unless the channel
+    is paused, or limited and the claim not one that holds its row; oldest due
+    first, skipping others' locks."""
     return (
         sa.select(d.c.id)
-        .where(claim_range(lane), ~_channel_paused)
+        .where(claim_range(lane, since), ~_channel_paused)
         .order_by(d.c.visible_at, d.c.id)
         .limit(sa.bindparam("p_limit", type_=sa.Integer))
         .with_for_update(skip_locked=True)

@@ -38,6 +38,7 @@ from novaque.dialects.base import (
     _inserted_id,
     _lease_values,
     _message_fields,
+    _scan_from,
     claim_ids,
     claim_lane,
     claimed_rows,
@@ -50,6 +51,7 @@ from novaque.dialects.base import (
     message_columns,
     message_values,
     plain_channel,
+    scan_from,
     table_of_dicts,
 )
 from novaque.dialects.params import AckClaimParams, ClaimParams, Driver, Link, Plain, PublishParams
@@ -127,12 +129,13 @@ _in_slice = sa.func.mod(
 #: The oldest due deliveries of one slice (``p_slice`` of ``p_slices``), from
 #: the claim index alone (the claim's locking read checks their attempts): a
 #: derived table, which the locking clause of a SELECT does not reach.
-def _slice_candidates(lane: sa.ColumnElement[Any]) -> sa.Subquery:
+def _slice_candidates(lane: sa.ColumnElement[Any], since: sa.ColumnElement[Any]) -> sa.Subquery:
     return (
         sa.select(d.c.id)
         .where(
             d.c.channel_id == sa.bindparam("p_channel"),
             d.c.priority == lane,
+            d.c.visible_at >= since,
             d.c.visible_at <= sa.bindparam("p_now"),
             _in_slice,
         )
@@ -146,11 +149,18 @@ def _slice_candidates(lane: sa.ColumnElement[Any]) -> sa.Subquery:
 #: pick (:func:`_lease_block`): a subquery's value bounds no range in
 #: MariaDB's plan, which then reads past the due deliveries to the lane's end.
 _BLOCK_LANE = sa.bindparam("p_lane_at", type_=sa.SmallInteger)
+#: Where a claim block's pick starts: its variable ``scan_from``, read with
+#: the channel's lanes (see :data:`~novaque.dialects.base.scan_from`).
+_BLOCK_FROM = sa.bindparam("p_scan_from", type_=sa.BigInteger)
 
 _PickT = TypeVar("_PickT", bound=sa.Select[Any])
 
 
-def _in_one_slice(pick: _PickT, lane: sa.ColumnElement[Any] = claim_lane) -> _PickT:
+def _in_one_slice(
+    pick: _PickT,
+    lane: sa.ColumnElement[Any] = claim_lane,
+    since: sa.ColumnElement[Any] = _scan_from,
+) -> _PickT:
     """``pick``, a claim's locking read (a SELECT) of due deliveries, taking
     only those of one slice: found first by a read without locks, then locked
     by their keys (still due, skipping others' locks).
@@ -161,7 +171,7 @@ def _in_one_slice(pick: _PickT, lane: sa.ColumnElement[Any] = claim_lane) -> _Pi
     claim's scan of the slice takes no locks, and only the rows it leases
     are locked.
     """
-    candidates = _slice_candidates(lane)
+    candidates = _slice_candidates(lane, since)
     return pick.where(d.c.id.in_(sa.select(candidates.c.id)))
 
 
@@ -171,9 +181,10 @@ def _pyformat(stmt: sa.ClauseElement) -> str:
 
 
 def _in_block(stmt: sa.ClauseElement) -> str:
-    """A claim's pick in a :func:`_lease_block`: its lane and its count the
-    block's variables."""
-    return _pyformat(stmt).replace("%(p_lane_at)s", "lane").replace("%(p_limit)s", "want")
+    """A claim's pick in a :func:`_lease_block`: its lane, its start and its
+    count the block's variables."""
+    sql = _pyformat(stmt).replace("%(p_lane_at)s", "lane").replace("%(p_limit)s", "want")
+    return sql.replace("%(p_scan_from)s", "scan_from")
 
 
 #: A claim block's lanes, within the channel's ``low_lane`` to ``high_lane``
@@ -188,6 +199,9 @@ _NEXT_LANE_SQL = (
     "AND priority > lane AND priority <= top"
 )
 
+
+#: Where a claim block's pick starts (as :data:`~novaque.dialects.base.scan_from`).
+_SCAN_FROM_SQL = _pyformat(scan_from).replace("novaque_channels.", "c.")
 
 #: What a spread claim's block declares: how many rows its slice gave, and their ids.
 _SPREAD_DECLARED = "DECLARE taken INT DEFAULT 0; DECLARE taken_ids LONGTEXT DEFAULT '[]'; "
@@ -227,7 +241,7 @@ def _lease_block(*, ack: bool, spread: bool = False) -> str:
         "{row}lease_token = %(p_token)s, {row}attempts = {row}attempts + 1, "
         "{row}attempt_id = NULL"
     )
-    pick = claim_ids(_BLOCK_LANE)
+    pick = claim_ids(_BLOCK_LANE, _BLOCK_FROM)
     picks = (
         f"UPDATE {d.name} AS leased JOIN ({_in_block(pick)}) AS picked "
         f"ON leased.id = picked.id {leasing.format(row='leased.')}; "
@@ -235,7 +249,7 @@ def _lease_block(*, ack: bool, spread: bool = False) -> str:
     if spread:
         picks = (
             "SET taken = 0; SET taken_ids = '[]'; "
-            f"FOR picked IN ({_in_block(_in_one_slice(pick, _BLOCK_LANE))}) DO "
+            f"FOR picked IN ({_in_block(_in_one_slice(pick, _BLOCK_LANE, _BLOCK_FROM))}) DO "
             "SET taken_ids = JSON_ARRAY_APPEND(taken_ids, '$', picked.id); "
             "SET taken = taken + 1; END FOR; "
             f"IF taken = 0 THEN {picks}ELSE UPDATE {d.name} AS leased JOIN JSON_TABLE(taken_ids, "
@@ -245,14 +259,17 @@ def _lease_block(*, ack: bool, spread: bool = False) -> str:
     return (
         "BEGIN NOT ATOMIC DECLARE lease_until BIGINT; DECLARE channel_lease BIGINT; "
         "DECLARE lane SMALLINT; DECLARE top SMALLINT; DECLARE want INT; "
+        "DECLARE scan_from BIGINT; "
         f"{_SPREAD_DECLARED if spread else ''}"
         "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
         f"{acked}"
-        # The channel's lease and lanes, and its lowest lane: a channel of one
-        # lane takes from it with no probe (none if the channel is gone).
+        # The channel's lease and lanes, its lowest lane (a channel of one
+        # lane takes from it with no probe; none if the channel is gone), and
+        # where the pick starts.
         "SELECT c.lease, CASE WHEN c.low_lane < c.high_lane "
-        f"THEN ({_FIRST_LANE_SQL}) ELSE c.low_lane END, c.high_lane "
-        f"INTO channel_lease, lane, top FROM (SELECT 1) AS one LEFT JOIN {channels.name} AS c "
+        f"THEN ({_FIRST_LANE_SQL}) ELSE c.low_lane END, c.high_lane, {_SCAN_FROM_SQL} "
+        "INTO channel_lease, lane, top, scan_from "
+        f"FROM (SELECT 1) AS one LEFT JOIN {channels.name} AS c "
         "ON c.id = %(p_channel)s; "
         "SET lease_until = coalesce(CASE WHEN %(p_channel_lease)s = 1 "
         "THEN %(p_now)s + channel_lease END, %(p_until)s); "
@@ -625,6 +642,7 @@ class MySQLDialect(Dialect):
             "p_now": p.now,
             "p_limit": p.limit,
             "p_held": int(p.held),
+            "p_from": p.since,
         }
         return in_lanes(
             take,

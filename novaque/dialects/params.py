@@ -53,6 +53,12 @@ class ClaimParams:
     #: (see :mod:`novaque.ops.limits`); any other claim takes nothing from a
     #: channel with a limit.
     held: bool = False
+    #: Where the claim starts reading the channel's due deliveries: none due
+    #: before this (epoch microseconds) is taken; None: from the first. The
+    #: database takes it only for a channel of one lane and standard
+    #: ordering, and reads others from the first (see
+    #: :mod:`novaque._claim_cursors`).
+    since: int | None = None
 
     @property
     def until(self) -> int:
@@ -71,6 +77,7 @@ class ClaimParams:
             self.attempt_id,
             now,
             self.held,
+            self.since,
         )
 
     def bind(self) -> dict[str, Any]:
@@ -84,6 +91,7 @@ class ClaimParams:
             "p_channel_lease": int(self.channel_lease),
             "p_attempt_id": self.attempt_id,
             "p_held": int(self.held),
+            "p_from": self.since,
         }
 
 

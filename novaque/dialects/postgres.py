@@ -100,14 +100,18 @@ _PUBLISH_HEAD = f"""WITH routed AS (
 #: statistics say of the channel (a bitmap scan and a sort read the whole
 #: backlog); declared ``ROWS 1``, so the statement around it reaches the
 #: picked rows by their primary key, as it did the subquery it replaces.
+#: Since migration 0014 it starts at ``p_from``, the claim cursor, where the
+#: channel's lanes and ordering allow (:data:`~novaque.dialects.base.scan_from`).
 CLAIM_PICK = "novaque_claim_pick"
 _CLAIM_PICK_CALL = (
     f"{CLAIM_PICK}(CAST(:p_channel AS INTEGER), CAST(:p_now AS BIGINT), "
-    "CAST(:p_limit AS INTEGER), CAST({skip} AS BIGINT[]), CAST(:p_held AS INTEGER) = 1)"
+    "CAST(:p_limit AS INTEGER), CAST({skip} AS BIGINT[]), CAST(:p_held AS INTEGER) = 1, "
+    "CAST(:p_from AS BIGINT))"
 )
 _claim_pick: sa.Select[Any] = sa.select(sa.literal_column("id")).select_from(
     sa.text(_CLAIM_PICK_CALL.format(skip="'{}'") + " AS id").bindparams(
-        sa.bindparam("p_held", 0, type_=sa.Integer)
+        sa.bindparam("p_held", 0, type_=sa.Integer),
+        sa.bindparam("p_from", None, type_=sa.BigInteger),
     )
 )
 

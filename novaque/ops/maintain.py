@@ -14,6 +14,7 @@ from novaque._stats import MINUTE_US, Tally
 from novaque._tables import (
     COUNTER_COLUMNS,
     DEAD_VISIBLE_AT,
+    FAR_PAST,
     STATE_DEAD,
     STATE_LEASED,
     STATE_READY,
@@ -100,10 +101,12 @@ def delete_dead_rows(
 # -- the lease reaper -------------------------------------------------------------------
 
 
-def reap_batch(conn: sa.Connection, dialect: dialects.Dialect, now: int, batch: int) -> Batch:
-    """Release up to ``batch`` expired leases (dead-letter those out of attempts):
-    how many expired leases were found, how many deliveries changed, and the
-    deaths to count."""
+def reap_batch(
+    conn: sa.Connection, dialect: dialects.Dialect, now: int, batch: int, since: int | None = None
+) -> Batch:
+    """Release up to ``batch`` expired leases (dead-letter those out of attempts),
+    those expired after ``since`` (None: whenever): how many expired leases
+    were found, how many deliveries changed, and the deaths to count."""
     expired = conn.execute(
         sa.select(d.c.id, d.c.channel_id, d.c.attempts >= d.c.max_attempts, d.c.group_key)
         .join_from(
@@ -112,6 +115,7 @@ def reap_batch(conn: sa.Connection, dialect: dialects.Dialect, now: int, batch: 
             sa.and_(
                 d.c.channel_id == channels.c.id,
                 d.c.state == STATE_LEASED,
+                d.c.visible_at >= (FAR_PAST if since is None else since),
                 d.c.visible_at <= now,
             ),
         )
