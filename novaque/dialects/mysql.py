@@ -192,7 +192,7 @@ def _in_block(stmt: sa.ClauseElement) -> str:
 #: ``lane`` (each one probe of the claim index).
 _FIRST_LANE_SQL = (
     f"SELECT min(priority) FROM {d.name} WHERE channel_id = %(p_channel)s "
-    "AND priority >= c.low_lane AND priority <= c.high_lane"
+    "AND priority >= lane AND priority <= top"
 )
 _NEXT_LANE_SQL = (
     f"SELECT min(priority) FROM {d.name} WHERE channel_id = %(p_channel)s "
@@ -263,14 +263,16 @@ def _lease_block(*, ack: bool, spread: bool = False) -> str:
         f"{_SPREAD_DECLARED if spread else ''}"
         "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
         f"{acked}"
-        # The channel's lease and lanes, its lowest lane (a channel of one
-        # lane takes from it with no probe; none if the channel is gone), and
-        # where the pick starts.
-        "SELECT c.lease, CASE WHEN c.low_lane < c.high_lane "
-        f"THEN ({_FIRST_LANE_SQL}) ELSE c.low_lane END, c.high_lane, {_SCAN_FROM_SQL} "
+        # The channel's lease and lanes (none if the channel is gone) and
+        # where the pick starts; a channel of several lanes then finds its
+        # lowest (in a statement of its own: MariaDB reads a MIN() subquery's
+        # value when it plans the statement, whether a CASE needs it or not,
+        # and the probe walks the dead versions at the head of the lane).
+        f"SELECT c.lease, c.low_lane, c.high_lane, {_SCAN_FROM_SQL} "
         "INTO channel_lease, lane, top, scan_from "
         f"FROM (SELECT 1) AS one LEFT JOIN {channels.name} AS c "
         "ON c.id = %(p_channel)s; "
+        f"IF lane < top THEN SET lane = ({_FIRST_LANE_SQL}); END IF; "
         "SET lease_until = coalesce(CASE WHEN %(p_channel_lease)s = 1 "
         "THEN %(p_now)s + channel_lease END, %(p_until)s); "
         # The lanes, lowest first, until the claim has its rows (as in_lanes).
