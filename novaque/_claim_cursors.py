@@ -24,7 +24,10 @@ A delivery can still become claimable behind that point: a publish whose
 transaction commits more than :data:`MARGIN_US` after it began, a claim that
 locked a delivery and then rolled back, a client whose clock runs behind.
 Every :data:`RESCAN_US` a claim of the channel reads it from the first
-entry, so such a delivery waits at most that long. A delivery that becomes
+entry, so such a delivery waits at most that long. In a started client the
+maintenance loop looks behind each cursor every :data:`LOOK_BEHIND_US`
+instead (a read without locks): the claims then read from the first entry
+only when something is there, and never wait for that walk themselves. A delivery that becomes
 due by the clock (a delay, a retry's backoff, an expired lease) is never
 behind: each claim reads from before the previous one's time.
 
@@ -42,14 +45,29 @@ from typing import Any
 
 from novaque._time import US
 
-__all__ = ["MARGIN_US", "REAP_RESCAN_US", "RESCAN_US", "ClaimCursors", "ReapCursor"]
+__all__ = [
+    "LOOK_BEHIND_US",
+    "MARGIN_US",
+    "REAP_RESCAN_US",
+    "RESCAN_US",
+    "ClaimCursors",
+    "ReapCursor",
+]
 
 #: How far before what a claim read the next claim of the channel starts: a
 #: publish committed within this long after it began is never behind.
 MARGIN_US = 2 * US
-#: How often a claim of each channel reads it from the first entry: the most
-#: a delivery that became claimable behind the cursor waits.
-RESCAN_US = 10 * US
+#: How often a claim of each channel reads it from the first entry, unless a
+#: look of the maintenance loop (:data:`LOOK_BEHIND_US`) found nothing behind
+#: the cursor meanwhile: the most a delivery that became claimable behind the
+#: cursor waits.
+RESCAN_US = 15 * US
+#: How often a started client's maintenance loop looks behind each cursor
+#: (a read without locks, which walks what the claims skip): when something
+#: claimable is there, the channel's next claim reads from the first entry;
+#: when nothing is, the claims need not. So a claim never pays for that walk
+#: while the loop runs.
+LOOK_BEHIND_US = 10 * US
 
 
 class ClaimCursors:
@@ -92,6 +110,29 @@ class ClaimCursors:
                 self._cursors[channel_id] = (after, now)
             else:
                 self._cursors[channel_id] = (max(found[0], after), found[1])
+
+    def to_look_behind(self, now: int) -> list[tuple[int, int]]:
+        """(channel id, cursor) of the channels whose cursor was last read from
+        the first entry, or looked behind, :data:`LOOK_BEHIND_US` or more before ``now``."""
+        with self._lock:
+            return [
+                (channel_id, since)
+                for channel_id, (since, scanned_at) in self._cursors.items()
+                if not scanned_at <= now < scanned_at + LOOK_BEHIND_US
+            ]
+
+    def looked_behind(self, channel_id: int, since: int, now: int, found: bool) -> None:
+        """A look at ``now`` behind the channel's cursor ``since``: with ``found``
+        the next claim reads from the first entry; without, claims need not
+        until :data:`RESCAN_US` after ``now``."""
+        with self._lock:
+            current = self._cursors.get(channel_id)
+            if current is None:
+                return
+            if found:
+                del self._cursors[channel_id]
+            elif current[0] >= since:
+                self._cursors[channel_id] = (current[0], now)
 
     def forget(self) -> None:
         """Every channel's next claim reads it from the first entry (the schema

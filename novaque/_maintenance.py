@@ -18,7 +18,7 @@ from novaque._claim_cursors import ReapCursor
 from novaque._context import Context
 from novaque._stats import MINUTE_US, MINUTES_KEPT_US
 from novaque._time import day_of
-from novaque.ops import maintain, presence
+from novaque.ops import consume, maintain, presence
 from novaque.ops import schedules as schedules_op
 from novaque.options import microseconds
 
@@ -171,6 +171,19 @@ class Maintenance:
         first_kept = day_of(now) - timedelta(days=self._context.options.stats_retention_days - 1)
         first_minute = (now - MINUTES_KEPT_US) // MINUTE_US * MINUTE_US
         return self._context.run_op("", maintain.prune_stats, first_kept, first_minute)
+
+    def look_behind_claim_cursors(self) -> int:
+        """Look behind the claim cursors of this client's channels due for it
+        (see :mod:`novaque._claim_cursors`); return how many had a claimable
+        delivery there (their next claim reads from the first entry)."""
+        cursors = self._context.cursors
+        now = self._context.now()
+        found_in = 0
+        for channel_id, since in cursors.to_look_behind(now):
+            found = self._context.run_op("", consume.claimable_behind, channel_id, since)
+            cursors.looked_behind(channel_id, since, now, found)
+            found_in += found
+        return found_in
 
     def forget_stale_consumers(self) -> int:
         """Drop the consumers online (:meth:`list_consumers`) not seen for three

@@ -473,6 +473,8 @@ class Runtime:
             _Job("flush", seconds(o.stats_flush_interval, "flush"), jobs.flush_stats),
             _Job("prune", seconds(o.stats_prune_interval, "prune"), jobs.prune_stats),
             _Job("consumers", self.context.consumer_heartbeat, jobs.forget_stale_consumers),
+            # Each cursor is looked behind every LOOK_BEHIND_US; this pass finds those due.
+            _Job("cursors", 1.0, jobs.look_behind_claim_cursors),
         ]
 
     def _counters_added(self) -> None:

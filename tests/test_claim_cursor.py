@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 import novaque
-from novaque._claim_cursors import MARGIN_US, REAP_RESCAN_US, RESCAN_US
+from novaque._claim_cursors import LOOK_BEHIND_US, MARGIN_US, REAP_RESCAN_US, RESCAN_US
 from novaque._time import US
 from novaque.schema import STATE_DEAD, deliveries
 from novaque.testing import FakeClock
@@ -146,3 +146,33 @@ def test_the_loops_reaper_reads_from_its_last_pass_and_misses_no_expiry(
         clock.advance(1)
         jobs.reap_leases(since_last=True)
     assert passes > 1  # not at the next pass: it was behind
+
+
+def test_the_loops_look_behind_a_cursor_sends_the_next_claim_to_the_first_entry(
+    backend: Backend, client: novaque.Client, clock: FakeClock
+) -> None:
+    """A started client's maintenance loop looks behind each cursor every
+    LOOK_BEHIND_US: a delivery there is claimed by the next claim, before the
+    claims' own rescan; when nothing is there, the claims' rescan waits."""
+    jobs = client._maintenance
+    client.ensure_channel("t", "c")
+    assert client.claim("t", "c") == []
+    clock.advance(1)
+    late = _late_publisher(backend, clock).publish("t", b"late")
+    assert client.claim("t", "c") == []  # behind the cursor
+    assert jobs.look_behind_claim_cursors() == 0  # not due yet: nothing read
+    clock.advance(LOOK_BEHIND_US / US - 1)
+    assert jobs.look_behind_claim_cursors() == 1
+    assert [m.id for m in client.claim("t", "c")] == [late]
+    # Nothing behind: the look lets the claims go on from the cursor.
+    assert client.claim("t", "c") == []
+    clock.advance(LOOK_BEHIND_US / US)
+    assert jobs.look_behind_claim_cursors() == 0
+    assert client.claim("t", "c") == []
+    clock.advance(1)
+    second = _late_publisher(backend, clock).publish("t", b"second")
+    clock.advance(RESCAN_US / US - LOOK_BEHIND_US / US)  # past the claims' own rescan, had
+    assert client.claim("t", "c") == []  # the look not counted as one
+    clock.advance(LOOK_BEHIND_US / US)
+    assert jobs.look_behind_claim_cursors() == 1
+    assert [m.id for m in client.claim("t", "c")] == [second]

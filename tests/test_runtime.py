@@ -92,10 +92,10 @@ def test_a_failing_job_is_logged_once_where_it_starts_failing_and_once_where_it_
     real_reap = client._maintenance.reap_leases
     failures = iter([RuntimeError("database went away"), RuntimeError("still away")])
 
-    def flaky_reap() -> int:
+    def flaky_reap(*, since_last: bool = False) -> int:
         for exc in failures:
             raise exc
-        return real_reap()
+        return real_reap(since_last=since_last)
 
     monkeypatch.setattr(client._maintenance, "reap_leases", flaky_reap)
     with caplog.at_level(logging.DEBUG, logger="novaque"):

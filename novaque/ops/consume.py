@@ -300,6 +300,24 @@ def _settled(
     return lost, counted("acked", now, acked)
 
 
+def claimable_behind(
+    conn: sa.Connection, dialect: dialects.Dialect, channel_id: int, since: int
+) -> bool:
+    """Whether the channel holds a claimable delivery due before ``since`` (a
+    claim cursor's; a read without locks, from the first entry of the
+    channel's range)."""
+    found = conn.execute(
+        sa.select(d.c.id)
+        .where(
+            d.c.channel_id == channel_id,
+            d.c.visible_at < since,
+            d.c.attempts < d.c.max_attempts,
+        )
+        .limit(1)
+    ).first()
+    return found is not None
+
+
 def ack_and_claim(
     link: Link, dialect: dialects.Dialect, now: int, acks: Sequence[Message], p: ClaimParams
 ) -> tuple[list[Message], list[dialects.ClaimedRow], int, Effects]:
