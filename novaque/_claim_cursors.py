@@ -70,6 +70,18 @@ RESCAN_US = 15 * US
 LOOK_BEHIND_US = 10 * US
 
 
+def _start(found: tuple[int, int] | None, now: int, rescan_us: int) -> int | None:
+    """Where a scan at ``now`` starts, of ``found`` (a cursor and when a scan
+    last read from the first entry); None: from the first (none yet, a
+    rescan due every ``rescan_us``, or the clock moved back)."""
+    if found is None:
+        return None
+    since, scanned_at = found
+    if not scanned_at <= now < scanned_at + rescan_us or since > now:
+        return None
+    return since
+
+
 class ClaimCursors:
     """One client's claim cursors, by channel id (see the module docstring)."""
 
@@ -83,13 +95,7 @@ class ClaimCursors:
         """Where a claim of the channel made at ``now`` starts reading; None:
         from the first entry (the channel not claimed yet, a rescan due, or
         the clock moved back)."""
-        found = self._cursors.get(channel_id)
-        if found is None:
-            return None
-        since, scanned_at = found
-        if not scanned_at <= now < scanned_at + RESCAN_US or since > now:
-            return None
-        return since
+        return _start(self._cursors.get(channel_id), now, RESCAN_US)
 
     def claimed(
         self,
@@ -164,12 +170,7 @@ class ReapCursor:
         """Where a pass at ``now`` starts; None: from the first."""
         with self._lock:
             found = self._at
-        if found is None:
-            return None
-        since, scanned_at = found
-        if not scanned_at <= now < scanned_at + REAP_RESCAN_US or since > now:
-            return None
-        return since
+        return _start(found, now, REAP_RESCAN_US)
 
     def passed(self, since: int | None, now: int) -> None:
         """A pass that started at ``since``, at ``now``, read every lease expired by then."""
