@@ -110,21 +110,28 @@ class Maintenance:
         ``start()``'s loop: TTL purge, then what :meth:`add_purge_pass` added."""
         return self.purge_expired() + sum(run() for run in self._purge_passes)
 
-    def reap_leases(self, *, since_last: bool = False) -> int:
+    def reap_leases(self) -> int:
         """Release deliveries whose lease expired; dead-letter those out of attempts.
 
         Returns how many deliveries it changed. Tokens of reaped leases stop
-        working (:class:`~novaque.LeaseLost`). ``since_last``: the maintenance
-        loop's pass, which reads the leases expired since its last one (see
-        :class:`~novaque._claim_cursors.ReapCursor`).
+        working (:class:`~novaque.LeaseLost`).
         """
+        return self._reap(None)
+
+    def reap_since_last_pass(self) -> int:
+        """:meth:`reap_leases` as the maintenance loop runs it: the leases
+        expired since its last pass, and all of them once a minute (see
+        ``novaque._claim_cursors.ReapCursor``)."""
         now = self._context.now()
-        since = self._reap_cursor.start(now) if since_last else None
+        since = self._reap_cursor.start(now)
+        changed = self._reap(since)
+        self._reap_cursor.passed(since, now)
+        return changed
+
+    def _reap(self, since: int | None) -> int:
         changed = self._context.in_batches(
             maintain.reap_batch, self._context.options.maintenance_batch, since
         )
-        if since_last:
-            self._reap_cursor.passed(since, now)
         if changed:
             self._context.log.debug("reaped %d expired leases", changed)
         return changed

@@ -545,7 +545,7 @@ class Runtime:
         context = self.context
         context.ready()
         context.resample_clock()
-        return self.jobs.reap_leases(since_last=True)
+        return self.jobs.reap_since_last_pass()
 
     def _maintenance_loop(self) -> None:
         jobs = self._maintenance_jobs()

@@ -135,7 +135,7 @@ def test_the_loops_reaper_reads_from_its_last_pass_and_misses_no_expiry(
     dead = []
     for _ in range(8):
         clock.advance(1)
-        jobs.reap_leases(since_last=True)
+        jobs.reap_since_last_pass()
         dead.append(_dead(backend))
     assert dead == [0, 0, 0, 0, 1, 1, 1, 1]  # out of attempts at 5 s: dead letter
     _late_publisher(backend, clock).claim("t", "c", lease=1)  # expired behind the reaper
@@ -144,7 +144,7 @@ def test_the_loops_reaper_reads_from_its_last_pass_and_misses_no_expiry(
         passes += 1
         assert passes <= REAP_RESCAN_US / US, "the rescan never came"
         clock.advance(1)
-        jobs.reap_leases(since_last=True)
+        jobs.reap_since_last_pass()
     assert passes > 1  # not at the next pass: it was behind
 
 

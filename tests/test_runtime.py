@@ -89,15 +89,15 @@ def test_a_failing_job_is_logged_once_where_it_starts_failing_and_once_where_it_
     """An outage is one ERROR (with its traceback) and one INFO, however many
     passes fail in between; the failures in between are DEBUG lines."""
     client = backend.client(**FAST)
-    real_reap = client._maintenance.reap_leases
+    real_reap = client._maintenance.reap_since_last_pass
     failures = iter([RuntimeError("database went away"), RuntimeError("still away")])
 
-    def flaky_reap(*, since_last: bool = False) -> int:
+    def flaky_reap() -> int:
         for exc in failures:
             raise exc
-        return real_reap(since_last=since_last)
+        return real_reap()
 
-    monkeypatch.setattr(client._maintenance, "reap_leases", flaky_reap)
+    monkeypatch.setattr(client._maintenance, "reap_since_last_pass", flaky_reap)
     with caplog.at_level(logging.DEBUG, logger="novaque"):
         client.start()
         waited(client._runtime.signals.wait("reap", 1, WAIT), "a reap pass after the failures")
