@@ -27,9 +27,10 @@ Every :data:`RESCAN_US` a claim of the channel reads it from the first
 entry, so such a delivery waits at most that long. In a started client the
 maintenance loop looks behind each cursor every :data:`LOOK_BEHIND_US`
 instead (a read without locks): the claims then read from the first entry
-only when something is there, and never wait for that walk themselves. A delivery that becomes
-due by the clock (a delay, a retry's backoff, an expired lease) is never
-behind: each claim reads from before the previous one's time.
+only when something is there, and never wait for that walk themselves. A
+delivery that becomes due by the clock (a delay, a retry's backoff, an
+expired lease) is never behind: each claim reads from before the previous
+one's time.
 
 The database takes the point only for a channel of one lane and standard
 ordering (:data:`novaque.dialects.base.scan_from`): claims of other channels
