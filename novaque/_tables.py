@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
 __all__ = [
+    "CLAIM_INDEX",
     "COUNTER_COLUMNS",
     "DEAD_VISIBLE_AT",
     "DEFERRED_VISIBLE_AT",
@@ -83,6 +84,8 @@ PARKED_OFFSET = 2**61
 #: Before every real ``visible_at``: a scan of the claim index's range (or the
 #: state index's) that starts here reads it from its first entry.
 FAR_PAST = -(2**62)
+#: The claim index of the deliveries: (channel, lane, due time, id).
+CLAIM_INDEX = "ix_novaque_deliveries_claim"
 
 #: ``novaque_channels.ordering``: the code stored for each ordering.
 ORDERINGS = {"standard": 0, "group_fifo": 1, "strict_fifo": 2}
@@ -297,7 +300,7 @@ deliveries = sa.Table(
     # tail of lane 0.
     _engine_checked_fk("message_id", messages.c.id),
     _engine_checked_fk("channel_id", channels.c.id),
-    sa.Index("ix_novaque_deliveries_claim", "channel_id", "priority", "visible_at", "id"),
+    sa.Index(CLAIM_INDEX, "channel_id", "priority", "visible_at", "id"),
     # backlog counts and the lease reaper, without touching the table.
     sa.Index("ix_novaque_deliveries_state", "channel_id", "state", "visible_at"),
     sa.Index(None, "message_id"),

@@ -26,6 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
 from novaque._tables import (
+    CLAIM_INDEX,
     COUNTER_COLUMNS,
     FAR_PAST,
     STATE_LEASED,
@@ -279,6 +280,27 @@ _scan_from = (
 )
 
 
+_SelectT = TypeVar("_SelectT", bound=sa.Select[Any])
+
+
+def on_index(select: _SelectT, table: sa.Table, index: str) -> _SelectT:
+    """``select`` reading ``table`` through ``index`` on MySQL and MariaDB (a
+    ``FORCE INDEX`` hint); unchanged on the other databases.
+
+    For lookups whose right index depends on the data, not the statement: with
+    statistics taken on an empty table (a fresh deploy, a drained one) MariaDB
+    reads a group's next delivery through the claim index, the channel's whole
+    backlog sorted, for every group of every ack. And for reads that must take
+    a range of their index, not its prefix: InnoDB counts the dead entries a
+    held snapshot keeps into a range's estimate but not into its statistics,
+    so under churn MariaDB would read a claim's whole lane (the equal first
+    columns) rather than the range from its cursor; with the hint it takes
+    the range.
+    """
+    hint = f"FORCE INDEX ({index})"
+    return select.with_hint(table, hint, "mysql").with_hint(table, hint, "mariadb")
+
+
 def claim_range(
     lane: sa.ColumnElement[Any] = claim_lane, since: sa.ColumnElement[Any] = _scan_from
 ) -> sa.ColumnElement[bool]:
@@ -300,13 +322,14 @@ def claim_ids(
     """The claim's pick in ``lane`` from ``since``: its range, unless the channel
     is paused, or limited and the claim not one that holds its row; oldest due
     first, skipping others' locks."""
-    return (
+    pick = (
         sa.select(d.c.id)
         .where(claim_range(lane, since), ~_channel_paused)
         .order_by(d.c.visible_at, d.c.id)
         .limit(sa.bindparam("p_limit", type_=sa.Integer))
         .with_for_update(skip_locked=True)
     )
+    return on_index(pick, d, CLAIM_INDEX)
 
 
 _claim_range = claim_range()
@@ -1115,19 +1138,3 @@ def _inserted_id(result: sa.CursorResult[Any]) -> int:
     key = result.inserted_primary_key
     assert key is not None
     return int(key[0])
-
-
-_SelectT = TypeVar("_SelectT", bound=sa.Select[Any])
-
-
-def on_index(select: _SelectT, table: sa.Table, index: str) -> _SelectT:
-    """``select`` reading ``table`` through ``index`` on MySQL and MariaDB (a
-    ``FORCE INDEX`` hint); unchanged on the other databases.
-
-    For lookups whose right index depends on the data, not the statement: with
-    statistics taken on an empty table (a fresh deploy, a drained one) MariaDB
-    reads a group's next delivery through the claim index, the channel's whole
-    backlog sorted, for every group of every ack.
-    """
-    hint = f"FORCE INDEX ({index})"
-    return select.with_hint(table, hint, "mysql").with_hint(table, hint, "mariadb")

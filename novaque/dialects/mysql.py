@@ -14,6 +14,7 @@ from sqlalchemy.dialects import mysql as mysql_dialect
 from sqlalchemy.exc import DBAPIError
 
 from novaque._tables import (
+    CLAIM_INDEX,
     COUNTER_COLUMNS,
     STATE_LEASED,
     STATE_READY,
@@ -50,6 +51,7 @@ from novaque.dialects.base import (
     mappings,
     message_columns,
     message_values,
+    on_index,
     plain_channel,
     scan_from,
     table_of_dicts,
@@ -130,7 +132,7 @@ _in_slice = sa.func.mod(
 #: the claim index alone (the claim's locking read checks their attempts): a
 #: derived table, which the locking clause of a SELECT does not reach.
 def _slice_candidates(lane: sa.ColumnElement[Any], since: sa.ColumnElement[Any]) -> sa.Subquery:
-    return (
+    candidates = (
         sa.select(d.c.id)
         .where(
             d.c.channel_id == sa.bindparam("p_channel"),
@@ -141,8 +143,8 @@ def _slice_candidates(lane: sa.ColumnElement[Any], since: sa.ColumnElement[Any])
         )
         .order_by(d.c.visible_at, d.c.id)
         .limit(sa.bindparam("p_limit", type_=sa.Integer))
-        .subquery("candidates")
     )
+    return on_index(candidates, d, CLAIM_INDEX).subquery("candidates")
 
 
 #: The lane of a claim block's pick: its variable ``lane``, found before the
@@ -152,6 +154,9 @@ _BLOCK_LANE = sa.bindparam("p_lane_at", type_=sa.SmallInteger)
 #: Where a claim block's pick starts: its variable ``scan_from``, read with
 #: the channel's lanes (see :data:`~novaque.dialects.base.scan_from`).
 _BLOCK_FROM = sa.bindparam("p_scan_from", type_=sa.BigInteger)
+#: A claim block's pick (its parameters ``p_lane_at`` and ``p_scan_from`` the
+#: block's variables ``lane`` and ``scan_from``, :func:`_in_block`).
+BLOCK_PICK = claim_ids(_BLOCK_LANE, _BLOCK_FROM)
 
 _PickT = TypeVar("_PickT", bound=sa.Select[Any])
 
@@ -241,7 +246,7 @@ def _lease_block(*, ack: bool, spread: bool = False) -> str:
         "{row}lease_token = %(p_token)s, {row}attempts = {row}attempts + 1, "
         "{row}attempt_id = NULL"
     )
-    pick = claim_ids(_BLOCK_LANE, _BLOCK_FROM)
+    pick = BLOCK_PICK
     picks = (
         f"UPDATE {d.name} AS leased JOIN ({_in_block(pick)}) AS picked "
         f"ON leased.id = picked.id {leasing.format(row='leased.')}; "
