@@ -1,22 +1,29 @@
-"""The change watchers of SQLite and MySQL/MariaDB: new deliveries seen by looking often.
+"""The change watchers of SQLite and MySQL/MariaDB: new messages seen by looking often.
 
 Neither database pushes a wake-up to another connection (PostgreSQL's
 ``NOTIFY``, :mod:`~novaque.dialects.listen`). A watcher holds one connection
 of its own per client (outside the pool, like the LISTEN connection) and looks
 often (how often: below) at a marker that is cheap to read and changes when
 another connection commits: SQLite's ``PRAGMA data_version`` (a read of the
-WAL index header, microseconds), MySQL's ``MAX(id)`` of the deliveries (one
-dive into the primary key). Only when it changed does it read which topics got
-deliveries with an id above the highest it has seen (a primary-key range scan
-joined to the channels and topics), and return those topic names, as a
-listener returns the notified ones.
+WAL index header, microseconds), MySQL's ``MAX(id)`` of the messages (one
+dive into the primary key). Only when it changed does it read which topics
+with channels got messages with an id above the highest it has seen (a
+primary-key range scan joined to the topics), and return those topic names,
+as a listener returns the notified ones.
 
-It covers new rows only: a delivery that becomes due later (a delay, a retry's
-backoff) is the consumers' own timer, as without the watcher. Deliveries are
-numbered when inserted: on SQLite one writer at a time commits them in that
-order; on MySQL a transaction may commit a lower id after a higher one was
-seen, and that delivery is then found by the consumers' next claim (they claim
-again at once after a batch) or poll, not by the watcher.
+Messages, not deliveries: an ack deletes its delivery, and while some session
+holds a snapshot open InnoDB keeps every deleted row, so ``MAX(id)`` of the
+deliveries of a drained queue would step back over every delivery acked since
+that snapshot began, at every look. A message stays until its retention ends,
+so the newest ones are there to read.
+
+It covers new messages only: a delivery that becomes due later (a delay, a
+retry's backoff) is the consumers' own timer, as without the watcher, and so
+is one a replay adds to an earlier message. Messages are numbered when
+inserted: on SQLite one writer at a time commits them in that order; on MySQL
+a transaction may commit a lower id after a higher one was seen, and that
+message is then found by the consumers' next claim (they claim again at once
+after a batch) or poll, not by the watcher.
 
 Every read is a transaction by itself (autocommit): on SQLite a read held open
 would pin the WAL (no checkpoint could pass it), and on MySQL a REPEATABLE
@@ -29,7 +36,7 @@ moved for a while. After a look that found nothing, the watcher waits a tenth
 of the time since the last news (:data:`QUIET_SHARE`), but at least
 ``interval`` and at most ``idle_interval``: the waits grow geometrically,
 each about 1.1 times the one before. News is a look that found new
-deliveries (of any topic), or a hint of the process that messages move in it
+messages (of any topic), or a hint of the process that messages move in it
 (:meth:`ChangeWatcher.hurry`: a consumer's claim or a long poll's fetch that
 got messages); it makes the watcher look every ``interval`` again, at once
 (a hint ends a long wait). So:
@@ -64,16 +71,21 @@ from typing import Any, ClassVar
 
 import sqlalchemy as sa
 
-from novaque._tables import channels, deliveries, topics
+from novaque._tables import channels, messages, topics
 from novaque.dialects.listen import _await, readable
 
+#: The topics with channels that got messages above ``{param}``, read from
+#: the messages' primary key first (``{hint}`` and ``{join}``: MySQL's index
+#: hint and STRAIGHT_JOIN keep that plan, where one from the topics would
+#: read each topic's messages through its index from the first, and one with
+#: statistics taken on a small table would read them all).
 _TOPICS_SINCE = (
-    f"SELECT t.name, MAX(d.id) FROM {deliveries.name} d "
-    f"JOIN {channels.name} c ON c.id = d.channel_id "
-    f"JOIN {topics.name} t ON t.id = c.topic_id "
-    "WHERE d.id > {param} GROUP BY t.name"
+    f"SELECT t.name, MAX(m.id) FROM {messages.name} m {{hint}}"
+    f"{{join}} {topics.name} t ON t.id = m.topic_id "
+    f"WHERE m.id > {{param}} AND EXISTS (SELECT 1 FROM {channels.name} c WHERE c.topic_id = t.id) "
+    "GROUP BY t.name"
 )
-_NEWEST = f"SELECT MAX(id) FROM {deliveries.name}"
+_NEWEST = f"SELECT MAX(id) FROM {messages.name}"
 
 #: After a look that found nothing, the watcher waits this share of the time
 #: since its last news (within its two intervals): a delivery after a quiet
@@ -98,7 +110,7 @@ class Pace:
         self.news_at = now
 
     def news(self, now: float) -> None:
-        """News at ``now`` (new deliveries found, or messages moving in the
+        """News at ``now`` (new messages found, or messages moving in the
         process): look every ``interval`` again."""
         self.news_at = max(self.news_at, now)
 
@@ -127,6 +139,9 @@ class ChangeWatcher:
 
     #: The driver's parameter marker.
     param: ClassVar[str] = "?"
+    #: How the topics query reads the messages, and joins the topics to them.
+    hint: ClassVar[str] = ""
+    join: ClassVar[str] = "JOIN"
 
     def __init__(
         self,
@@ -138,7 +153,7 @@ class ChangeWatcher:
     ) -> None:
         self.interval = interval
         self._awaited = awaited
-        self._topics_since = _TOPICS_SINCE.format(param=self.param)
+        self._topics_since = _TOPICS_SINCE.format(param=self.param, hint=self.hint, join=self.join)
         self._wake_r, self._wake_w = socket.socketpair()
         self._conn: Any = None
         #: The clock of the schedule (tests replace it, and :meth:`_pause`).
@@ -152,7 +167,7 @@ class ChangeWatcher:
         self._slow = False
         #: Statements sent on the connection so far.
         self.statements = 0
-        #: The highest delivery id seen: only deliveries above it are news.
+        #: The highest message id seen: only messages above it are news.
         self.last = 0
         try:
             self._wake_r.setblocking(False)
@@ -190,7 +205,7 @@ class ChangeWatcher:
             cursor.close()
 
     def look(self) -> list[str]:
-        """One look: the topics with deliveries above :attr:`last`, if the marker moved."""
+        """One look: the topics with messages above :attr:`last`, if the marker moved."""
         if not self._changed():
             return []
         found = self._query(self._topics_since, (self.last,))
@@ -281,9 +296,11 @@ class SQLiteWatcher(ChangeWatcher):
 
 
 class MySQLWatcher(ChangeWatcher):
-    """``MAX(id)`` of the deliveries, above the highest id seen: new rows."""
+    """``MAX(id)`` of the messages, above the highest id seen: new rows."""
 
     param = "%s"
+    hint = "FORCE INDEX (PRIMARY) "
+    join = "STRAIGHT_JOIN"
 
     def _opened(self) -> None:
         #: The server's id of the connection (``KILL`` takes it).
@@ -296,6 +313,6 @@ class MySQLWatcher(ChangeWatcher):
 
     def look(self) -> list[str]:
         found = super().look()
-        # Rows above ``last`` gone already (acked meanwhile) are no news next time.
+        # Rows above ``last`` gone already (purged meanwhile) are no news next time.
         self.last = max(self.last, self._probed)
         return found
