@@ -111,13 +111,14 @@ class Options:
     time decision (tests move it to expire leases without sleeping); when unset
     novaque uses the database server's clock (docs/reference.md, "Time").
     ``watch_interval`` is how often the change watcher of SQLite and
-    MySQL/MariaDB looks for new deliveries of other processes while consumers
+    MySQL/MariaDB looks for new messages of other processes while consumers
     or long polls wait and messages move (``None``: no watcher, they poll
     every ``poll_interval``); PostgreSQL is woken by ``NOTIFY`` instead.
     ``watch_idle_interval`` is how often it looks once nothing moved for a
-    while (ten times that: one second by default), backing off step by step
+    while (ten times that: two seconds by default), backing off step by step
     from ``watch_interval``, so that an idle client sends at most
-    ``1 / watch_idle_interval`` looks a second (10); at or below
+    ``1 / watch_idle_interval`` looks a second (5: as often as an idle
+    consumer claims, every ``poll_interval``); at or below
     ``watch_interval``, it always looks every ``watch_interval``.
     ``sqlite_on_loop`` concerns the asyncio twin on SQLite only: True runs
     each of novaque's transactions on the event loop's thread while no other
@@ -164,7 +165,7 @@ class Options:
     dead_letter_expired: bool = False
     consumer_heartbeat: Duration = 10.0
     watch_interval: Duration | None = 0.002
-    watch_idle_interval: Duration = 0.1
+    watch_idle_interval: Duration = 0.2
     sqlite_on_loop: bool = True
     listen: bool = True
     transaction_timeout: Duration | None = 30.0
