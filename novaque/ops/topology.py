@@ -99,7 +99,17 @@ def ensure_channel(
     settings: Mapping[str, Any],
 ) -> None:
     """Create the channel (and its topic) if missing; store ``settings`` (columns
-    and their values as stored) over the existing ones."""
+    and their values as stored) over the existing ones.
+
+    A channel that exists already and gets no settings (a consumer starting)
+    is only read, without a lock: on a Galera cluster a lock on its row or
+    its topic's, taken by consumers starting on several nodes at once, lets
+    the nodes abort each other's transactions."""
+    if (
+        not settings
+        and conn.execute(_channel_ids, {"p_topic": topic, "p_channel": channel}).first()
+    ):
+        return
     topic_id = topic_id_in(conn, dialect, now, topic)
     dialect.insert_ignore(
         conn,
