@@ -30,6 +30,7 @@ __all__ = [
     "REVISION_TABLE",
     "STATE_DEAD",
     "STATE_DEFERRED",
+    "STATE_INDEX",
     "STATE_LEASED",
     "STATE_READY",
     "VERSION_TABLE",
@@ -86,6 +87,8 @@ PARKED_OFFSET = 2**61
 FAR_PAST = -(2**62)
 #: The claim index of the deliveries: (channel, lane, due time, id).
 CLAIM_INDEX = "ix_novaque_deliveries_claim"
+#: The state index of the deliveries: (channel, state, due time or lease expiry).
+STATE_INDEX = "ix_novaque_deliveries_state"
 
 #: ``novaque_channels.ordering``: the code stored for each ordering.
 ORDERINGS = {"standard": 0, "group_fifo": 1, "strict_fifo": 2}
@@ -302,7 +305,7 @@ deliveries = sa.Table(
     _engine_checked_fk("channel_id", channels.c.id),
     sa.Index(CLAIM_INDEX, "channel_id", "priority", "visible_at", "id"),
     # backlog counts and the lease reaper, without touching the table.
-    sa.Index("ix_novaque_deliveries_state", "channel_id", "state", "visible_at"),
+    sa.Index(STATE_INDEX, "channel_id", "state", "visible_at"),
     sa.Index(None, "message_id"),
     # the next delivery of a group, when its head leaves.
     # (Partial on PostgreSQL: the deliveries of unordered channels cost it nothing.)

@@ -16,6 +16,7 @@ from sqlalchemy.exc import DBAPIError
 from novaque._tables import (
     CLAIM_INDEX,
     COUNTER_COLUMNS,
+    STATE_INDEX,
     STATE_LEASED,
     STATE_READY,
     channels,
@@ -192,6 +193,47 @@ def _in_block(stmt: sa.ClauseElement) -> str:
     return sql.replace("%(p_scan_from)s", "scan_from")
 
 
+#: When a claim block's leases expire and the channel's own lease: its
+#: variables ``lease_until`` and ``channel_lease``.
+_BLOCK_UNTIL = sa.bindparam("p_lease_until", type_=sa.BigInteger)
+_BLOCK_LEASE = sa.bindparam("p_channel_lease_s", type_=sa.BigInteger)
+#: What a claim block leased, with their messages: its deliveries leased with
+#: its token at its lease's expiry, read through the state index by name (as
+#: for the pick, the dead entries a held snapshot keeps misled MariaDB's
+#: planner into reading the channel's whole claim index instead).
+BLOCK_LEASED = on_index(
+    sa.select(
+        d.c.id.label("delivery_id"),
+        d.c.message_id,
+        d.c.attempts,
+        d.c.max_attempts,
+        m.c.body,
+        m.c.headers,
+        m.c.published_at,
+        _BLOCK_UNTIL.label("until"),
+        _BLOCK_LEASE.label("channel_lease"),
+        m.c.group_key,
+        d.c.group_key.label("order_key"),
+        m.c.priority,
+    )
+    .join_from(d, m, m.c.id == d.c.message_id)
+    .where(
+        d.c.channel_id == sa.bindparam("p_channel"),
+        d.c.state == sa.literal_column(str(STATE_LEASED)),
+        d.c.visible_at == _BLOCK_UNTIL,
+        d.c.lease_token == sa.bindparam("p_token"),
+    )
+    .order_by(d.c.id),
+    d,
+    STATE_INDEX,
+)
+_BLOCK_LEASED_SQL = (
+    _pyformat(BLOCK_LEASED)
+    .replace("%(p_lease_until)s", "lease_until")
+    .replace("%(p_channel_lease_s)s", "channel_lease")
+)
+
+
 #: A claim block's lanes, within the channel's ``low_lane`` to ``high_lane``
 #: (``lane`` to ``top``): the lowest of its deliveries, then the next above
 #: ``lane`` (each one probe of the claim index).
@@ -286,12 +328,7 @@ def _lease_block(*, ack: bool, spread: bool = False) -> str:
         "SET want = want - ROW_COUNT(); "
         f"IF want > 0 AND lane < top THEN SET lane = ({_NEXT_LANE_SQL}); "
         "ELSE SET lane = NULL; END IF; END WHILE; "
-        "SELECT d.id AS delivery_id, d.message_id, d.attempts, d.max_attempts, m.body, "
-        "m.headers, m.published_at, lease_until AS until, channel_lease, m.group_key, "
-        "d.group_key AS order_key, m.priority "
-        f"FROM {d.name} AS d JOIN {m.name} AS m ON m.id = d.message_id "
-        f"WHERE d.channel_id = %(p_channel)s AND d.state = {STATE_LEASED} "
-        "AND d.visible_at = lease_until AND d.lease_token = %(p_token)s ORDER BY d.id; "
+        f"{_BLOCK_LEASED_SQL}; "
         "COMMIT; END"
     )
 
