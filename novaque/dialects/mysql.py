@@ -186,17 +186,29 @@ def _pyformat(stmt: sa.ClauseElement) -> str:
     return str(stmt.compile(dialect=mysql_dialect.dialect(paramstyle="pyformat")))
 
 
+#: The parameters of a claim's statements that stand for a
+#: :func:`_lease_block`'s variables there: the pick's lane, start and count,
+#: and when the block's leases expire and the channel's own lease.
+_BLOCK_VARIABLES = {
+    "p_lane_at": "lane",
+    "p_scan_from": "scan_from",
+    "p_limit": "want",
+    "p_lease_until": "lease_until",
+    "p_block_lease": "channel_lease",
+}
+
+
 def _in_block(stmt: sa.ClauseElement) -> str:
-    """A claim's pick in a :func:`_lease_block`: its lane, its start and its
-    count the block's variables."""
-    sql = _pyformat(stmt).replace("%(p_lane_at)s", "lane").replace("%(p_limit)s", "want")
-    return sql.replace("%(p_scan_from)s", "scan_from")
+    """One of a claim's statements in a :func:`_lease_block`, its parameters
+    of :data:`_BLOCK_VARIABLES` the block's variables."""
+    sql = _pyformat(stmt)
+    for param, variable in _BLOCK_VARIABLES.items():
+        sql = sql.replace(f"%({param})s", variable)
+    return sql
 
 
-#: When a claim block's leases expire and the channel's own lease: its
-#: variables ``lease_until`` and ``channel_lease``.
 _BLOCK_UNTIL = sa.bindparam("p_lease_until", type_=sa.BigInteger)
-_BLOCK_LEASE = sa.bindparam("p_channel_lease_s", type_=sa.BigInteger)
+_BLOCK_LEASE = sa.bindparam("p_block_lease", type_=sa.BigInteger)
 #: What a claim block leased, with their messages: its deliveries leased with
 #: its token at its lease's expiry, read through the state index by name (as
 #: for the pick, the dead entries a held snapshot keeps misled MariaDB's
@@ -226,11 +238,6 @@ BLOCK_LEASED = on_index(
     .order_by(d.c.id),
     d,
     STATE_INDEX,
-)
-_BLOCK_LEASED_SQL = (
-    _pyformat(BLOCK_LEASED)
-    .replace("%(p_lease_until)s", "lease_until")
-    .replace("%(p_channel_lease_s)s", "channel_lease")
 )
 
 
@@ -328,7 +335,7 @@ def _lease_block(*, ack: bool, spread: bool = False) -> str:
         "SET want = want - ROW_COUNT(); "
         f"IF want > 0 AND lane < top THEN SET lane = ({_NEXT_LANE_SQL}); "
         "ELSE SET lane = NULL; END IF; END WHILE; "
-        f"{_BLOCK_LEASED_SQL}; "
+        f"{_in_block(BLOCK_LEASED)}; "
         "COMMIT; END"
     )
 
